@@ -1,0 +1,78 @@
+"""The one rule for failing over, and the one place foreign errors become outcomes.
+
+DESIGN.md "Walking the order": transport failures, timeouts, 408, 429, 5xx, the
+provider's context overflow and a full concurrency queue are failover-safe;
+any other 4xx goes back to the client as it is; a 2xx commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from .state.limiter import Busy
+from .transport import BodyTooLarge
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    word: str  # what the decision header shows: "503", "reset", "timeout", "busy"…
+    failover: bool  # safe to try elsewhere, and counted against the target
+    status: int  # what the client gets if this is the last word: the upstream's, 502 or 504
+    message: str
+    retry_after: float | None = None
+
+
+def fails_over(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), if any."""
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def classify_status(status: int, headers: Mapping[str, str], overflow: bool) -> Outcome:
+    if overflow:
+        return Outcome("400 context overflow", True, 400, "context length exceeded upstream")
+    if fails_over(status):
+        hint = retry_after(headers) if status in (429, 503, 529) else None
+        return Outcome(str(status), True, status, f"upstream answered {status}", hint)
+    return Outcome(str(status), False, status, f"upstream answered {status}")
+
+
+def classify_exception(exc: BaseException) -> Outcome:
+    """Map a failure before commit to an outcome; unknown exceptions propagate."""
+    if isinstance(exc, Busy):
+        return Outcome("busy", True, 503, "provider concurrency limit and queue are full")
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return Outcome("timeout", True, 504, "upstream did not answer in time")
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLError):
+        return Outcome("tls", True, 502, f"TLS failure talking to upstream: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return Outcome("dns", True, 502, f"cannot resolve upstream host: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Outcome("refused", True, 502, f"cannot connect to upstream: {exc.os_error}")
+    if isinstance(exc, BodyTooLarge):
+        return Outcome("too large", True, 502, str(exc))
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return Outcome("reset", True, 502, f"upstream connection failed: {type(exc).__name__}")
+    raise exc

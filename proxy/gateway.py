@@ -1,0 +1,96 @@
+"""The running gateway: the current config, the state, the walker and the observers.
+
+A reload swaps ``config`` in one assignment; a request reads ``gateway.config``
+once when it starts, so requests in flight finish on the config they began
+with, while state (figures, breakers, history) carries over for targets that
+still exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from .config import Config
+from .observe import Finished, Observer
+from .state import State
+from .transport import HttpTransport, SimTransport
+from .walk import Walker
+
+log = logging.getLogger("firstbyte")
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        observers: list[Observer] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.state = State()
+        self.observers: list[Observer] = observers or []
+        self.session: aiohttp.ClientSession | None = None
+        self.sim = SimTransport()
+        self.walker: Walker | None = None
+        self.draining = False
+        self.loaded_at = time.time()
+        self.rngs: dict[str, random.Random] = {}
+        self._shared_rng = random.Random()
+        self.config = config
+        self.sized_routes: frozenset[str] = frozenset()
+        self.apply(config)
+
+    def apply(self, config: Config) -> None:
+        """Adopt a validated config (at start and on reload)."""
+        old = self.rngs
+        rngs: dict[str, random.Random] = {}
+        for name, route in config.routes.items():
+            prev = old.get(name)
+            same_seed = name in self.config.routes and (
+                self.config.routes[name].fastest.seed == route.fastest.seed
+            )
+            rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
+        self.state.configure(config)
+        self.sized_routes = frozenset(
+            name
+            for name, route in config.routes.items()
+            if any(t.context_window is not None for t in route.targets)
+        )
+        self.rngs = rngs
+        self.config = config
+        self.loaded_at = time.time()
+
+    def rng(self, route: str) -> random.Random:
+        return self.rngs.get(route) or self._shared_rng
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
+        )
+        self.walker = Walker(self.state, HttpTransport(self.session), self.sim, clock=self.clock)
+
+    async def close(self) -> None:
+        for observer in self.observers:
+            try:
+                await observer.close()
+            except Exception:
+                log.exception("observer %s failed to close", type(observer).__name__)
+        if self.session is not None:
+            await self.session.close()
+
+    def finished(self, finished: Finished) -> None:
+        """Hand a finished exchange to every observer; one failing never affects the others."""
+        for observer in self.observers:
+            try:
+                observer.on_finished(finished)
+            except Exception:
+                log.exception("observer %s failed", type(observer).__name__)
+
+

@@ -1,0 +1,204 @@
+"""The access log: one line per finished exchange, text or JSON, to stderr or a file.
+
+A line carries what an operator greps for (id, client, route, served, status,
+timings, tokens, cost) and ends with the full ``x-route-decision`` value, so one
+line explains one request. It never carries content or keys: the Finished
+record has none, and nothing here reaches for more.
+
+Writes are buffered in memory and flushed by a short-lived task this observer
+owns, at most every ``FLUSH_SECS``, and on :meth:`AccessLog.close`. A flush is
+one ``write`` + ``flush`` of the joined lines to the page cache; that is cheap
+enough to do on the loop, and batching keeps it to a few syscalls per interval
+however busy the proxy is. A buffer that grows past ``MAX_BUFFERED`` lines
+(the stream is stuck) drops new lines and counts them rather than growing.
+
+Text format: ``TIME key=value ... decision="..."``. Bare values are
+``[^\\s"]+``; anything else (a path with a space, the decision) is written as a
+JSON string with ASCII escapes, so no client-chosen byte can start a new line
+and a reader can parse every field with one regex plus ``json.loads``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import orjson
+
+from ..config import AccessLog as AccessLogConfig
+from . import Finished
+
+__all__ = ["FLUSH_SECS", "MAX_BUFFERED", "AccessLog", "format_json", "format_text"]
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECS = 0.2
+MAX_BUFFERED = 50_000
+
+_BARE = re.compile(r"^[\x21-\x7e]+$")
+
+
+def _iso(epoch: float) -> str:
+    stamp = datetime.fromtimestamp(epoch, UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
+
+
+def _secs(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _fields(finished: Finished) -> dict[str, Any]:
+    """The line's fields in order; None means unknown (``-`` in text, null in JSON)."""
+    d = finished.decision
+    usage = d.usage if d is not None else {}
+    return {
+        "time": _iso(finished.started),
+        "id": d.id if d is not None else None,
+        "client": finished.client,
+        "method": finished.method,
+        "path": finished.path,
+        "status": finished.status,
+        "route": d.route if d is not None else None,
+        "served": d.served if d is not None else None,
+        "attempts": len(d.attempts) if d is not None else 0,
+        "failovers": d.failovers if d is not None else 0,
+        "stream": finished.stream,
+        "ttfc": _secs(finished.ttfc),
+        "total": _secs(finished.total),
+        "bytes": finished.bytes_sent,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "cost_usd": d.cost_usd if d is not None else None,
+        "error": finished.error,
+        "decision": d.header() if d is not None else None,
+    }
+
+
+def _text_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    text = str(value)
+    if _BARE.match(text) and '"' not in text:
+        return text
+    return json.dumps(text, ensure_ascii=True)
+
+
+def format_text(finished: Finished) -> str:
+    """One greppable line: the time first, then ``key=value`` pairs, the decision last."""
+    fields = _fields(finished)
+    time = fields.pop("time")
+    if fields["cost_usd"] is not None:
+        fields["cost_usd"] = f"{fields['cost_usd']:.6f}"
+    if fields["decision"] is not None:
+        fields["decision"] = json.dumps(fields["decision"], ensure_ascii=True)
+    parts = [time]
+    for key, value in fields.items():
+        if key == "error" and value is None:
+            continue
+        if key == "decision" and value is not None:
+            parts.append(f"decision={value}")  # always quoted: it holds spaces and ';'
+        else:
+            parts.append(f"{key}={_text_value(value)}")
+    return " ".join(parts)
+
+
+def format_json(finished: Finished) -> str:
+    """One JSON object for jq, Vector or Loki; unknown values are null, never absent."""
+    return orjson.dumps(_fields(finished)).decode()
+
+
+class AccessLog:
+    """Observer writing one line per finished exchange; see the module doc for buffering."""
+
+    def __init__(self, config: AccessLogConfig, stream: TextIO | None = None) -> None:
+        self.config = config
+        self._format = format_json if config.format == "json" else format_text
+        self._owns_stream = stream is None and config.path != "-"
+        self._stream: TextIO | None = stream if stream is not None else self._open()
+        self._buffer: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.dropped = 0
+        self._write_failed = False
+
+    def _open(self) -> TextIO:
+        if self.config.path == "-":
+            return sys.stderr
+        return open(self.config.path, "a", encoding="utf-8")
+
+    def on_finished(self, finished: Finished) -> None:
+        if self._closed:
+            return
+        if len(self._buffer) >= MAX_BUFFERED:
+            self.dropped += 1
+            return
+        self._buffer.append(self._format(finished))
+        if self._task is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a script or a sync test): write straight away
+            self.flush()
+            return
+        self._task = loop.create_task(self._flush_later(), name="accesslog-flush")
+
+    async def _flush_later(self) -> None:
+        try:
+            await asyncio.sleep(FLUSH_SECS)
+        finally:
+            self._task = None
+        self.flush()
+
+    def flush(self) -> None:
+        """Write out what is buffered; a failing stream is logged once, never raised."""
+        if not self._buffer or self._stream is None:
+            return
+        lines, self._buffer = self._buffer, []
+        try:
+            self._stream.write("\n".join(lines) + "\n")
+            self._stream.flush()
+        except (OSError, ValueError) as exc:
+            self.dropped += len(lines)
+            if not self._write_failed:
+                log.warning("access log: cannot write %s: %s", self.config.path, exc)
+                self._write_failed = True
+        else:
+            self._write_failed = False
+
+    def reopen(self) -> None:
+        """Reopen the file after logrotate moved it (call on SIGHUP); stderr stays as it is."""
+        if not self._owns_stream:
+            return
+        self.flush()
+        old = self._stream
+        try:
+            self._stream = self._open()
+        except OSError as exc:
+            log.warning("access log: cannot reopen %s: %s", self.config.path, exc)
+            return
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.flush()
+        if self._owns_stream and self._stream is not None:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+            self._stream = None

@@ -1,0 +1,398 @@
+"""The decision ledger: every routed decision as a row in SQLite, off the request path.
+
+``on_finished`` turns the record into a row tuple and ``put_nowait``s it on a
+bounded queue; nothing else happens on the event loop. One dedicated writer
+thread owns the sqlite3 connection (a connection belongs to the thread that made
+it, and a dedicated thread means the loop never waits on disk or a lock). It
+drains the queue in batches, one transaction each, and deletes rows older than
+``retention_days`` at start and then about once a minute. When the queue is
+full the row is dropped and counted in ``dropped``; a batch that fails to write
+is counted there too. A request never waits for the ledger.
+
+Rows hold the decision in header form (order, exclusions, attempts), status,
+timings and token counts; never content or keys. The module also holds the
+read side: :func:`summarise` / :func:`format_summary` for ``firstbyte
+decisions`` and :func:`measured_costs` for the score strategy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import Finished
+
+__all__ = ["SCHEMA", "Ledger", "format_summary", "measured_costs", "summarise"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (
+    id TEXT NOT NULL,
+    ts REAL NOT NULL,
+    route TEXT NOT NULL,
+    strategy TEXT NOT NULL,
+    "order" TEXT NOT NULL,
+    first_reason TEXT NOT NULL,
+    excluded TEXT NOT NULL,
+    attempts TEXT NOT NULL,
+    served TEXT,
+    status INTEGER NOT NULL,
+    failovers INTEGER NOT NULL,
+    ttfc REAL,
+    total REAL NOT NULL,
+    stream INTEGER NOT NULL,
+    operation TEXT NOT NULL,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    cost_usd REAL
+);
+CREATE INDEX IF NOT EXISTS decisions_ts ON decisions (ts);
+CREATE INDEX IF NOT EXISTS decisions_route_ts ON decisions (route, ts);
+"""
+
+_COLUMNS = (
+    "id, ts, route, strategy, \"order\", first_reason, excluded, attempts, served, status, "
+    "failovers, ttfc, total, stream, operation, prompt_tokens, completion_tokens, cost_usd"
+)
+_INSERT = f"INSERT INTO decisions ({_COLUMNS}) VALUES ({', '.join('?' * 18)})"
+
+BATCH_SIZE = 500
+PRUNE_EVERY_SECS = 60.0
+_IDLE_POLL_SECS = 1.0
+_STOP = object()
+
+Row = tuple[Any, ...]
+
+
+def row_of(finished: Finished) -> Row | None:
+    """The row for one exchange, or None when nothing was routed (no decision to keep)."""
+    d = finished.decision
+    if d is None:
+        return None
+    return (
+        d.id,
+        finished.started,
+        d.route,
+        d.strategy,
+        ", ".join(f"{r.name}({r.detail})" for r in d.order),
+        d.first_reason,
+        ", ".join(f"{e.name}({e.reason})" for e in d.excluded),
+        ", ".join(f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in d.attempts),
+        d.served,
+        finished.status,
+        d.failovers,
+        finished.ttfc,
+        finished.total,
+        int(finished.stream),
+        finished.operation,
+        d.usage.get("prompt_tokens"),
+        d.usage.get("completion_tokens"),
+        d.cost_usd,
+    )
+
+
+class Ledger:
+    """Observer that stores each decision in SQLite through one writer thread.
+
+    ``_gate`` is for tests: while it is unset the writer waits before taking
+    anything from the queue, which lets a test fill the queue and see drops.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        retention_days: float,
+        queue_size: int,
+        clock: Callable[[], float] = time.time,
+        *,
+        batch_size: int = BATCH_SIZE,
+        _gate: threading.Event | None = None,
+    ) -> None:
+        self.path = path
+        self.retention_days = retention_days
+        self.clock = clock
+        self.batch_size = batch_size
+        self.written = 0
+        self.pruned = 0
+        self._dropped_full = 0  # counted on the loop
+        self._dropped_failed = 0  # counted by the writer thread
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._gate = _gate
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._next_prune = 0.0
+
+    @property
+    def dropped(self) -> int:
+        """Rows that never reached the file: queue full, or their batch failed."""
+        return self._dropped_full + self._dropped_failed
+
+    async def start(self) -> None:
+        """Open the database (schema, WAL) and start the writer; raises if it cannot open."""
+        ready: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="firstbyte-ledger", daemon=True
+        )
+        self._thread.start()
+        # Wait for the open off the loop: a slow disk or a locked file must not stall it.
+        error = await asyncio.to_thread(ready.get)
+        if error is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+            raise error
+
+    def on_finished(self, finished: Finished) -> None:
+        row = row_of(finished)
+        if row is None:
+            return
+        if self._closed:
+            self._dropped_full += 1
+            return
+        try:
+            self._queue.put_nowait(row)
+        except queue.Full:
+            self._dropped_full += 1
+
+    async def close(self) -> None:
+        """Write what is queued, then stop the writer and close the file."""
+        if self._closed:
+            return
+        self._closed = True
+        thread, self._thread = self._thread, None
+        if thread is None:  # never started: what was queued will not be written
+            self._dropped_full += self._queue.qsize()
+            return
+        await asyncio.to_thread(self._stop, thread)
+
+    def _stop(self, thread: threading.Thread) -> None:
+        while thread.is_alive():
+            try:
+                self._queue.put(_STOP, timeout=0.5)
+                break
+            except queue.Full:
+                continue  # the writer is draining, or it died and is_alive() will say so
+        thread.join()
+
+    # -- the writer thread -------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(SCHEMA)
+        return conn
+
+    def _run(self, ready: queue.Queue[BaseException | None]) -> None:
+        try:
+            conn = self._open()
+        except (sqlite3.Error, OSError) as exc:
+            ready.put(exc)
+            return
+        ready.put(None)
+        try:
+            self._prune_if_due(conn)
+            while True:
+                if self._gate is not None:
+                    self._gate.wait()
+                try:
+                    first = self._queue.get(timeout=_IDLE_POLL_SECS)
+                except queue.Empty:
+                    self._prune_if_due(conn)
+                    continue
+                batch: list[Row] = []
+                stop = first is _STOP
+                if not stop:
+                    batch.append(first)
+                while not stop and len(batch) < self.batch_size:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                    else:
+                        batch.append(item)
+                self._write(conn, batch)
+                self._prune_if_due(conn)
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _write(self, conn: sqlite3.Connection, batch: list[Row]) -> None:
+        if not batch:
+            return
+        try:
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(_INSERT, batch)
+        except sqlite3.Error as exc:
+            self._dropped_failed += len(batch)
+            log.warning("ledger: dropped %d rows: %s", len(batch), exc)
+        else:
+            self.written += len(batch)
+
+    def _prune_if_due(self, conn: sqlite3.Connection) -> None:
+        now = self.clock()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + PRUNE_EVERY_SECS
+        cutoff = now - self.retention_days * 86400.0
+        try:
+            with conn:
+                cursor = conn.execute("DELETE FROM decisions WHERE ts < ?", (cutoff,))
+            self.pruned += cursor.rowcount
+        except sqlite3.Error as exc:
+            log.warning("ledger: retention delete failed: %s", exc)
+
+
+# -- the read side ----------------------------------------------------------
+
+
+def _connect_ro(path: str) -> sqlite3.Connection:
+    file = Path(path)
+    if not file.exists():
+        raise FileNotFoundError(f"no ledger at {path}")
+    return sqlite3.connect(file.resolve().as_uri() + "?mode=ro", uri=True)
+
+
+def _percentile(
+    conn: sqlite3.Connection, where: str, args: list[Any], count: int, q: float
+) -> float | None:
+    """Nearest-rank percentile in SQL, so a month of rows never lands in a Python list."""
+    if count == 0:
+        return None
+    rank = max(1, math.ceil(q * count))
+    row = conn.execute(
+        f"SELECT ttfc FROM decisions WHERE {where} AND ttfc IS NOT NULL "
+        "ORDER BY ttfc LIMIT 1 OFFSET ?",
+        [*args, rank - 1],
+    ).fetchone()
+    return None if row is None else float(row[0])
+
+
+def summarise(path: str, route: str | None, since_secs: float | None, now: float) -> dict[str, Any]:
+    """Per-route figures for ``firstbyte decisions``: who served, how often we failed over.
+
+    Shape: ``{"since": epoch|None, "requests": n, "routes": {route: {"requests",
+    "served": {target: share}, "unserved": share, "failover_rate",
+    "exploration_share", "ttfc_p50", "ttfc_p95"}}}``; shares are 0..1.
+    """
+    since = None if since_secs is None else now - since_secs
+    conditions: list[str] = ["1=1"]
+    args: list[Any] = []
+    if since is not None:
+        conditions.append("ts >= ?")
+        args.append(since)
+    if route is not None:
+        conditions.append("route = ?")
+        args.append(route)
+    where = " AND ".join(conditions)
+    routes: dict[str, Any] = {}
+    total = 0
+    conn = _connect_ro(path)
+    try:
+        rows = conn.execute(
+            "SELECT route, COUNT(*), SUM(failovers > 0), SUM(first_reason = 'explore'), "
+            f"COUNT(ttfc) FROM decisions WHERE {where} GROUP BY route ORDER BY route",
+            args,
+        ).fetchall()
+        for name, count, failed_over, explored, timed in rows:
+            total += count
+            served = dict(
+                conn.execute(
+                    f"SELECT served, COUNT(*) FROM decisions WHERE {where} AND route = ? "
+                    "AND served IS NOT NULL GROUP BY served ORDER BY COUNT(*) DESC, served",
+                    [*args, name],
+                ).fetchall()
+            )
+            route_where = f"{where} AND route = ?"
+            route_args = [*args, name]
+            routes[name] = {
+                "requests": count,
+                "served": {t: n / count for t, n in served.items()},
+                "unserved": (count - sum(served.values())) / count,
+                "failover_rate": failed_over / count,
+                "exploration_share": explored / count,
+                "ttfc_p50": _percentile(conn, route_where, route_args, timed, 0.50),
+                "ttfc_p95": _percentile(conn, route_where, route_args, timed, 0.95),
+            }
+    finally:
+        conn.close()
+    return {"since": since, "requests": total, "routes": routes}
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.1f}%"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}ms"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A plain text table, one row per served target under its route's figures."""
+    if not summary["routes"]:
+        return "no decisions in the ledger for this selection\n"
+    header = ("route", "requests", "failover", "explore", "ttfc p50", "ttfc p95", "served")
+    table: list[tuple[str, ...]] = [header]
+    for name, r in summary["routes"].items():
+        served = [f"{t} {_pct(s)}" for t, s in r["served"].items()]
+        if r["unserved"]:
+            served.append(f"(none) {_pct(r['unserved'])}")
+        first = (
+            name,
+            str(r["requests"]),
+            _pct(r["failover_rate"]),
+            _pct(r["exploration_share"]),
+            _ms(r["ttfc_p50"]),
+            _ms(r["ttfc_p95"]),
+        )
+        table.append((*first, served[0] if served else "-"))
+        table.extend(("", "", "", "", "", "", s) for s in served[1:])
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = []
+    for row in table:
+        cells = [
+            cell.ljust(widths[i]) if i in (0, len(header) - 1) else cell.rjust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def measured_costs(
+    path_or_conn: str | sqlite3.Connection,
+    since_secs: float = 7 * 86400,
+    min_calls: int = 5,
+    now: float | None = None,
+) -> dict[tuple[str, str], float]:
+    """Mean cost per call by (served target, operation), for the score strategy's cost signal.
+
+    Only clean calls count (2xx, no failover, cost known), so a failover's wasted
+    attempt does not inflate the target that finally answered; fewer than
+    ``min_calls`` is no figure at all rather than a noisy one.
+    """
+    since = (time.time() if now is None else now) - since_secs
+    conn = _connect_ro(path_or_conn) if isinstance(path_or_conn, str) else path_or_conn
+    try:
+        rows = conn.execute(
+            "SELECT served, operation, AVG(cost_usd), COUNT(*) FROM decisions "
+            "WHERE ts >= ? AND status BETWEEN 200 AND 299 AND failovers = 0 "
+            "AND cost_usd IS NOT NULL AND served IS NOT NULL "
+            "GROUP BY served, operation HAVING COUNT(*) >= ?",
+            (since, min_calls),
+        ).fetchall()
+    finally:
+        if isinstance(path_or_conn, str):
+            conn.close()
+    return {(served, op): float(mean) for served, op, mean, _ in rows}

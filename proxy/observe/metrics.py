@@ -1,0 +1,224 @@
+"""Prometheus metrics through aioprometheus: counters fed by finished exchanges, gauges on scrape.
+
+Counters and the first-chunk histogram move in :meth:`Metrics.on_finished`.
+Per-target state (figure, breaker, in flight) and the ledger's drop count are
+pushed by the server just before it calls :meth:`Metrics.render` for
+``GET /metrics``, so they are read once per scrape rather than kept in step
+with every state change.
+
+Every label value is bounded by the config, never by client input: a route or
+target this observer was not told about (a ``provider/model`` pin the client
+typed) becomes ``other``; attempt outcomes keep three-digit codes and a fixed
+set of failure words; first reasons keep the planner's words. A reload passes
+the new names to :meth:`Metrics.reconfigure`, which also drops the gauges of
+targets that no longer exist.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from aioprometheus import Counter, Gauge, Histogram, Registry, render
+
+from ..config import Config
+from . import Finished
+
+__all__ = [
+    "BREAKER_STATES",
+    "FIRST_CHUNK_BUCKETS",
+    "FIRST_REASONS",
+    "OUTCOME_WORDS",
+    "Metrics",
+    "names_from_config",
+]
+
+OTHER = "other"
+NONE = "none"
+
+FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
+FIRST_REASONS = frozenset(
+    {"fastest", "explore", "unmeasured", "pinned", "written", "weighted", "cheapest", "score", NONE}
+)
+OUTCOME_WORDS = frozenset(
+    {
+        "reset",
+        "refused",
+        "timeout",
+        "busy",
+        "dns",
+        "tls",
+        "connect",
+        "transport",
+        "overflow",
+        "cancelled",
+        "cut",
+        "idle",
+        "cooldown",
+        "error",
+    }
+)
+BREAKER_STATES = {"closed": 0, "open": 1, "probing": 2, "half_open": 2, "half-open": 2}
+
+_CODE = re.compile(r"^[1-5]\d\d$")
+
+
+def names_from_config(config: Config) -> tuple[set[str], set[str]]:
+    """The route and target label values a config allows.
+
+    Targets are known by display name and as ``provider/model`` for each
+    declared pair, so a pin to a declared model keeps its own series.
+    """
+    routes = set(config.routes)
+    targets = {t.name for route in config.routes.values() for t in route.targets}
+    targets |= {f"{provider}/{model}" for provider, model in config.target_keys()}
+    return routes, targets
+
+
+class Metrics:
+    """Observer owning an aioprometheus Registry with firstbyte's series."""
+
+    def __init__(self, known_routes: Iterable[str] = (), known_targets: Iterable[str] = ()) -> None:
+        self.routes = frozenset(known_routes)
+        self.targets = frozenset(known_targets)
+        self.registry = Registry()
+        r = self.registry
+        self.target_latency = Gauge(
+            "firstbyte_target_latency_seconds",
+            "Each target's current figure: smoothed time to first chunk.",
+            registry=r,
+        )
+        self.requests = Counter(
+            "firstbyte_requests_total", "Finished client requests.", registry=r
+        )
+        self.attempts = Counter(
+            "firstbyte_attempts_total", "Upstream attempts by target and outcome.", registry=r
+        )
+        self.failovers = Counter(
+            "firstbyte_failovers_total", "Targets moved past before one answered.", registry=r
+        )
+        self.first_chunk = Histogram(
+            "firstbyte_first_chunk_seconds",
+            "Upstream time to first chunk of answered attempts.",
+            registry=r,
+            buckets=FIRST_CHUNK_BUCKETS,
+        )
+        self.breaker_state = Gauge(
+            "firstbyte_breaker_state", "Breaker per target: 0 closed, 1 open, 2 probing.",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "firstbyte_in_flight", "Upstream calls in flight per target.", registry=r
+        )
+        self.decisions = Counter(
+            "firstbyte_decisions_total",
+            "Routing decisions by why the first target was first.",
+            registry=r,
+        )
+        self.tokens = Counter(
+            "firstbyte_tokens_total", "Tokens reported by the serving target.", registry=r
+        )
+        self.cost = Counter(
+            "firstbyte_cost_usd_total", "Cost in USD of served requests.", registry=r
+        )
+        self.ledger_dropped = Counter(
+            "firstbyte_ledger_dropped_total",
+            "Decision rows the ledger dropped (writer behind or write failed).",
+            registry=r,
+        )
+        self.ledger_dropped.set({}, 0)
+
+    @classmethod
+    def from_config(cls, config: Config) -> Metrics:
+        return cls(*names_from_config(config))
+
+    def reconfigure(self, routes: Iterable[str], targets: Iterable[str]) -> None:
+        """Take a reloaded config's names; gauges of targets that left are removed."""
+        self.routes = frozenset(routes)
+        self.targets = frozenset(targets)
+        for gauge in (self.target_latency, self.breaker_state, self.in_flight):
+            for labels, _ in gauge.get_all():
+                if labels.get("target") not in self.targets:
+                    del gauge.values[labels]
+
+    # -- label bounding ----------------------------------------------------
+
+    def _route(self, route: str | None) -> str:
+        if not route:
+            return NONE
+        return route if route in self.routes else OTHER
+
+    def _target(self, target: str | None) -> str:
+        if not target:
+            return NONE
+        return target if target in self.targets else OTHER
+
+    @staticmethod
+    def _outcome(outcome: str) -> str:
+        word = outcome.split(" ", 1)[0].lower()
+        return word if _CODE.match(word) or word in OUTCOME_WORDS else OTHER
+
+    @staticmethod
+    def _status(status: int) -> str:
+        text = str(status)
+        return text if _CODE.match(text) else OTHER
+
+    # -- the observer --------------------------------------------------------
+
+    def on_finished(self, finished: Finished) -> None:
+        d = finished.decision
+        route = self._route(d.route if d is not None else None)
+        served = self._target(d.served if d is not None else None)
+        status = self._status(finished.status)
+        self.requests.inc({"route": route, "served": served, "status": status})
+        if d is None:
+            return
+        reason = d.first_reason if d.first_reason in FIRST_REASONS else OTHER
+        self.decisions.inc({"route": route, "first_reason": reason})
+        self.failovers.add({"route": route}, d.failovers)
+        for attempt in d.attempts:
+            target = self._target(attempt.name)
+            self.attempts.inc({"target": target, "outcome": self._outcome(attempt.outcome)})
+            if attempt.ttfc is not None and attempt.ttfc >= 0:
+                self.first_chunk.observe({"target": target}, attempt.ttfc)
+        if d.served:
+            for kind in ("prompt", "completion"):
+                count = d.usage.get(f"{kind}_tokens")
+                if isinstance(count, int) and count > 0:
+                    self.tokens.add({"target": served, "kind": kind}, count)
+            if d.cost_usd is not None and d.cost_usd >= 0:
+                self.cost.add({"route": route, "target": served}, d.cost_usd)
+
+    async def close(self) -> None:
+        """Nothing to flush: the registry lives in memory until the process ends."""
+
+    # -- scrape-time state ------------------------------------------------------
+
+    def set_figure(self, target: str, seconds: float | None) -> None:
+        """Set a target's figure; None (unmeasured or stale) removes its series."""
+        labels = {"target": self._target(target)}
+        if seconds is None:
+            self.target_latency.values.pop(labels, None)
+        else:
+            self.target_latency.set(labels, seconds)
+
+    def set_target_state(self, target: str, breaker_state: str, in_flight: int) -> None:
+        """Record a target's breaker (closed, open, probing) and its calls in flight."""
+        try:
+            state = BREAKER_STATES[breaker_state]
+        except KeyError:
+            raise ValueError(
+                f"unknown breaker state {breaker_state!r} (expected one of "
+                f"{', '.join(BREAKER_STATES)})"
+            ) from None
+        labels = {"target": self._target(target)}
+        self.breaker_state.set(labels, state)
+        self.in_flight.set(labels, in_flight)
+
+    def set_ledger_dropped(self, count: int) -> None:
+        self.ledger_dropped.set({}, count)
+
+    def render(self, accepts: Sequence[str] = ()) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its Content-Type for ``GET /metrics``."""
+        body, headers = render(self.registry, list(accepts))
+        return body, headers["Content-Type"]

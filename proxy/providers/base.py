@@ -1,0 +1,66 @@
+"""What a provider adapter is: it translates, it does not dial.
+
+An adapter turns a client's call into an :class:`UpstreamRequest` for one
+target, and tells the walker how to read the provider's answers (context
+overflow, error bodies, streams in another shape). The walker owns the
+transport and the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..config import Provider, Target
+
+PATHS = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "embeddings": "/embeddings",
+    "messages": "/messages",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A client's request as the walker sees it: the operation and the decoded body."""
+
+    op: str  # chat | completions | embeddings | messages
+    body: dict[str, Any]
+    stream: bool
+    wants_usage: bool = False  # the client itself asked for stream_options.include_usage
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    body: bytes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class StreamTranslator(Protocol):
+    """Turns one provider's stream bytes into the client's (OpenAI SSE) bytes, incrementally."""
+
+    done: bool
+    usage: dict[str, int] | None
+
+    def feed(self, data: bytes) -> bytes: ...
+
+
+class Adapter(Protocol):
+    def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest: ...
+
+    def is_context_overflow(self, status: int, body: bytes) -> bool: ...
+
+    def error_body(self, status: int, body: bytes) -> bytes:
+        """The upstream's error in the OpenAI shape."""
+        ...
+
+    def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
+        """A buffered 2xx body in the client's shape."""
+        ...
+
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None: ...

@@ -1,0 +1,50 @@
+"""OpenAI-compatible providers (OpenAI, Groq, OpenRouter, vLLM, Ollama…).
+
+The client already speaks this shape, so the adapter only swaps the model for
+the target's upstream model and puts the provider's key in ``Authorization``;
+answers pass through byte for byte.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from ..config import Provider, Target
+from ..errors import normalise_upstream_error
+from .base import PATHS, Call, StreamTranslator, UpstreamRequest
+
+_OVERFLOW_MARKERS = (
+    b"context_length_exceeded",
+    b"maximum context length",
+    b"context length",
+    b"context window",
+    b"too many tokens",
+    b"prompt is too long",
+)
+
+
+def is_overflow_text(body: bytes) -> bool:
+    lowered = body[:4096].lower()
+    return any(marker in lowered for marker in _OVERFLOW_MARKERS)
+
+
+class OpenAIAdapter:
+    def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
+        body = dict(call.body)
+        body["model"] = target.model
+        headers = {"content-type": "application/json"}
+        if provider.api_key:
+            headers["authorization"] = f"Bearer {provider.api_key}"
+        return UpstreamRequest("POST", provider.base_url + PATHS[call.op], headers, orjson.dumps(body))
+
+    def is_context_overflow(self, status: int, body: bytes) -> bool:
+        return status == 400 and is_overflow_text(body)
+
+    def error_body(self, status: int, body: bytes) -> bytes:
+        return normalise_upstream_error(status, body, f"upstream answered {status}")
+
+    def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
+        return body
+
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
+        return None

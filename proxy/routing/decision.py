@@ -1,0 +1,200 @@
+"""The Decision record and its one-line form, the ``x-route-decision`` header.
+
+The planner produces a Decision without attempts; the walker returns a finished
+copy with its attempts and the served target. Observers (access log, metrics,
+ledger) only read it. The header grammar is fixed by DESIGN.md::
+
+    id=7f3a9c; route=chat; strategy=fastest; order=groq(fastest 0.31s), openai(0.82s);
+    excluded=local(breaker open 12s); attempts=groq(503 0.04s), openai(200 0.79s); served=openai
+
+Fields with no items (``excluded``, ``attempts``, ``served``) are left out, so the
+parser treats a missing field as empty.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Attempt",
+    "Decision",
+    "Excluded",
+    "HeaderError",
+    "ParsedDecision",
+    "Ranked",
+    "format_header",
+    "parse_header",
+]
+
+HEADER = "x-route-decision"
+
+# Characters that would break the grammar; names are validated against this at load
+# time and free-text details are scrubbed before they reach the header.
+_UNSAFE = re.compile(r"[^\x20-\x7e]|[;,()=]")
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """One candidate in the order, with why it sits there (``fastest 0.31s``)."""
+
+    name: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Excluded:
+    """A target eligibility removed, with the one reason that removed it."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One upstream try: ``outcome`` is a status code or a failure word (reset, timeout, busy)."""
+
+    name: str
+    outcome: str
+    seconds: float
+    failover: bool = False  # the outcome was failover-safe (counted against the target)
+    ttfc: float | None = None  # time to first chunk when the upstream answered 2xx
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Why a request went where it went; the same record feeds header, log, metrics, ledger."""
+
+    id: str
+    route: str
+    strategy: str
+    order: tuple[Ranked, ...]
+    excluded: tuple[Excluded, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
+    served: str | None = None
+    status: int | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    cost_usd: float | None = None
+
+    @property
+    def first_reason(self) -> str:
+        """The word that put the first target first (``fastest``, ``explore``…), or ``none``."""
+        if not self.order:
+            return "none"
+        return self.order[0].detail.split(" ", 1)[0]
+
+    @property
+    def failovers(self) -> int:
+        """Targets moved past before one answered (retries on one target do not count)."""
+        names: list[str] = []
+        for attempt in self.attempts:
+            if not names or names[-1] != attempt.name:
+                names.append(attempt.name)
+        return max(0, len(names) - 1)
+
+    def header(self) -> str:
+        return format_header(self)
+
+
+def scrub(text: str) -> str:
+    """Make free text (an upstream's words) safe inside the header grammar."""
+    return _UNSAFE.sub(" ", text).strip()
+
+
+def _secs(value: float) -> str:
+    return f"{value:.2f}s"
+
+
+def format_header(decision: Decision) -> str:
+    parts = [
+        f"id={decision.id}",
+        f"route={decision.route}",
+        f"strategy={decision.strategy}",
+        "order=" + ", ".join(f"{r.name}({r.detail})" for r in decision.order),
+    ]
+    if decision.excluded:
+        parts.append("excluded=" + ", ".join(f"{e.name}({e.reason})" for e in decision.excluded))
+    if decision.attempts:
+        parts.append(
+            "attempts="
+            + ", ".join(f"{a.name}({a.outcome} {_secs(a.seconds)})" for a in decision.attempts)
+        )
+    if decision.served:
+        parts.append(f"served={decision.served}")
+    return "; ".join(parts)
+
+
+class HeaderError(ValueError):
+    """The header does not follow the grammar."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedDecision:
+    """The header read back: the same fields as Decision, items as (name, detail) pairs."""
+
+    id: str
+    route: str
+    strategy: str
+    order: tuple[tuple[str, str], ...]
+    excluded: tuple[tuple[str, str], ...]
+    attempts: tuple[tuple[str, str], ...]
+    served: str | None
+
+    @property
+    def order_names(self) -> list[str]:
+        return [name for name, _ in self.order]
+
+    @property
+    def attempt_names(self) -> list[str]:
+        return [name for name, _ in self.attempts]
+
+    @property
+    def first_reason(self) -> str:
+        return self.order[0][1].split(" ", 1)[0] if self.order else "none"
+
+    def excluded_reason(self, name: str) -> str | None:
+        return dict(self.excluded).get(name)
+
+    def attempt_outcomes(self) -> list[tuple[str, str]]:
+        """Each attempt as (name, outcome) without its time: ``[("groq", "503")]``."""
+        return [(name, detail.rsplit(" ", 1)[0]) for name, detail in self.attempts]
+
+
+_ITEM = re.compile(r"^([^()]+)\(([^()]*)\)$")
+_KEYS = ("id", "route", "strategy", "order", "excluded", "attempts", "served")
+
+
+def _items(key: str, value: str) -> tuple[tuple[str, str], ...]:
+    if not value:
+        return ()
+    out = []
+    for raw in value.split(", "):
+        match = _ITEM.match(raw)
+        if match is None:
+            raise HeaderError(f"{key}: item {raw!r} is not name(detail)")
+        out.append((match.group(1), match.group(2)))
+    return tuple(out)
+
+
+def parse_header(value: str) -> ParsedDecision:
+    """Read an ``x-route-decision`` value the way ops tools and tests must read it."""
+    fields: dict[str, str] = {}
+    for part in value.split("; "):
+        key, sep, rest = part.partition("=")
+        if not sep or key not in _KEYS:
+            raise HeaderError(f"unexpected field {part!r}")
+        if key in fields:
+            raise HeaderError(f"field {key!r} appears twice")
+        fields[key] = rest
+    for required in ("id", "route", "strategy", "order"):
+        if required not in fields:
+            raise HeaderError(f"missing field {required!r}")
+    return ParsedDecision(
+        id=fields["id"],
+        route=fields["route"],
+        strategy=fields["strategy"],
+        order=_items("order", fields["order"]),
+        excluded=_items("excluded", fields.get("excluded", "")),
+        attempts=_items("attempts", fields.get("attempts", "")),
+        served=fields.get("served") or None,
+    )

@@ -1,0 +1,92 @@
+"""Eligibility: which targets may serve this request. It only ever subtracts.
+
+The filters run in a fixed order and each removed target gets exactly one
+reason: allow/deny, capability, credentials, health. (The pin is checked by the
+planner around these: a pinned target removed by a hard filter is a 400, not a
+silent re-route.) Health never empties a pool by itself: when it alone would
+remove every remaining target, the one soonest to reopen is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import Provider, Route, Target, TargetKey
+from ..state.breaker import Health
+from .decision import Excluded
+
+
+class HealthView(Protocol):
+    def health(self, key: TargetKey, now: float) -> Health: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Eligible:
+    targets: tuple[Target, ...]
+    excluded: tuple[Excluded, ...]
+    rescued: str | None = None  # a target kept although health would remove it
+
+
+def static_reason(route: Route, target: Target) -> str | None:
+    """The load-time filters: allow/deny and the declared floors (``firstbyte check`` shows them)."""
+    if route.allow and target.name not in route.allow:
+        return "not allowed"
+    if target.name in route.deny:
+        return "deny"
+    if route.min_context_window is not None and (
+        target.context_window is None or target.context_window < route.min_context_window
+    ):
+        declared = "undeclared" if target.context_window is None else str(target.context_window)
+        return f"context window {declared} below min {route.min_context_window}"
+    if route.min_quality is not None and (
+        target.quality is None or target.quality < route.min_quality
+    ):
+        declared = "undeclared" if target.quality is None else f"{target.quality:g}"
+        return f"quality {declared} below min {route.min_quality:g}"
+    return None
+
+
+def request_reason(
+    target: Target, tokens: int | None, providers: Mapping[str, Provider]
+) -> str | None:
+    """The per-request hard filters after allow/deny: capability, then credentials."""
+    if tokens is not None and target.context_window is not None and target.context_window < tokens:
+        return f"context {target.context_window} < {tokens}"
+    provider = providers.get(target.provider)
+    if provider is None or not provider.has_credentials:
+        return "no credentials"
+    return None
+
+
+def eligible(
+    route: Route,
+    providers: Mapping[str, Provider],
+    tokens: int | None,
+    state: HealthView,
+    now: float,
+) -> Eligible:
+    kept: list[Target] = []
+    excluded: list[Excluded] = []
+    unhealthy: list[tuple[Target, Health]] = []
+    for target in route.targets:
+        reason = static_reason(route, target) or request_reason(target, tokens, providers)
+        if reason is not None:
+            excluded.append(Excluded(target.name, reason))
+            continue
+        health = state.health(target.key, now)
+        if health.usable:
+            kept.append(target)
+        else:
+            unhealthy.append((target, health))
+    rescued = None
+    if not kept and unhealthy:
+        # Health alone would empty the pool: keep the one soonest to reopen.
+        best = min(unhealthy, key=lambda th: th[1].reopens_in)
+        kept.append(best[0])
+        rescued = best[0].name
+    for target, health in unhealthy:
+        if target.name != rescued:
+            excluded.append(Excluded(target.name, health.reason))
+    return Eligible(tuple(kept), tuple(excluded), rescued)

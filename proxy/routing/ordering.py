@@ -1,0 +1,141 @@
+"""Ordering: rank the eligible targets. It never adds one back.
+
+Each strategy returns the targets in the order the walker will try them, with
+the detail the decision header shows for each: the first item's detail starts
+with the word that put it first (``written``, ``weighted``, ``fastest``,
+``explore``, ``unmeasured``, ``cheapest``, ``score``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from ..config import Fastest, Route, Target, TargetKey
+from .decision import Ranked
+
+
+class FigureView(Protocol):
+    def figure(self, key: TargetKey, policy: Fastest, now: float) -> float | None: ...
+
+
+Figures = dict[str, float | None]
+
+
+def _secs(value: float | None) -> str:
+    return "unmeasured" if value is None else f"{value:.2f}s"
+
+
+def _ranked(targets: Sequence[Target], first: str, figures: Figures) -> list[Ranked]:
+    out = []
+    for i, t in enumerate(targets):
+        fig = figures[t.name]
+        if i == 0:
+            detail = first if fig is None or first == "unmeasured" else f"{first} {_secs(fig)}"
+        else:
+            detail = _secs(fig)
+        out.append(Ranked(t.name, detail))
+    return out
+
+
+def ordered(targets: Sequence[Target], figures: Figures) -> tuple[list[Target], str]:
+    return list(targets), "written"
+
+
+def weighted(
+    targets: Sequence[Target], figures: Figures, rng: random.Random
+) -> tuple[list[Target], str]:
+    """Draw without replacement, each pick proportional to weight; weight-0 targets go last."""
+    pool = [t for t in targets if t.weight > 0]
+    out: list[Target] = []
+    while pool:
+        total = sum(t.weight for t in pool)
+        point = rng.random() * total
+        for i, t in enumerate(pool):
+            point -= t.weight
+            if point < 0 or i == len(pool) - 1:
+                out.append(pool.pop(i))
+                break
+    out.extend(t for t in targets if t.weight <= 0)
+    return out, "weighted"
+
+
+def _speed_key(figures: Figures) -> Callable[[Target], float]:
+    return lambda t: figures[t.name] or 0.0
+
+
+def fastest(
+    targets: Sequence[Target],
+    figures: Figures,
+    policy: Fastest,
+    rng: random.Random | None,
+) -> tuple[list[Target], str]:
+    """Unmeasured first (so they get measured), then fastest first; sometimes explore."""
+    unmeasured = [t for t in targets if figures[t.name] is None]
+    measured = [t for t in targets if figures[t.name] is not None]
+    if policy.quality_weight > 0:
+        w = policy.quality_weight
+        target_s = policy.latency_target_ms / 1000.0
+
+        def blended(t: Target) -> tuple[float, float]:
+            fig = figures[t.name] or 0.0
+            speed = min(1.0, target_s / fig) if fig > 0 else 1.0
+            quality = policy.unknown_quality if t.quality is None else t.quality
+            return (-((1 - w) * speed + w * quality), fig)
+
+        measured.sort(key=blended)
+    else:
+        measured.sort(key=_speed_key(figures))
+    out = unmeasured + measured
+    if unmeasured:
+        return out, "unmeasured"
+    if rng is not None and len(out) > 1 and policy.explore > 0 and rng.random() < policy.explore:
+        pick = 1 + int(rng.random() * (len(out) - 1))
+        out.insert(0, out.pop(pick))
+        return out, "explore"
+    return out, "fastest"
+
+
+def cheapest(targets: Sequence[Target], figures: Figures) -> tuple[list[Target], str]:
+    """Declared input+output price ascending; ties by measured speed; no price last."""
+
+    def key(t: Target) -> tuple[int, float, int, float]:
+        fig = figures[t.name]
+        price = t.price.total if t.price is not None else 0.0
+        return (t.price is None, price, fig is None, fig or 0.0)
+
+    return sorted(targets, key=key), "cheapest"
+
+
+def order_targets(
+    route: Route,
+    targets: Sequence[Target],
+    state: FigureView,
+    now: float,
+    rng: random.Random,
+    explore: bool = True,
+) -> tuple[list[Target], list[Ranked]]:
+    """Rank ``targets`` by the route's strategy; ``explore=False`` is what explain shows."""
+    figures: Figures = {t.name: state.figure(t.key, route.fastest, now) for t in targets}
+    strategy = route.strategy
+    if strategy == "weighted":
+        out, first = weighted(targets, figures, rng)
+    elif strategy == "fastest":
+        out, first = fastest(targets, figures, route.fastest, rng if explore else None)
+    elif strategy == "cheapest":
+        out, first = cheapest(targets, figures)
+    else:
+        out, first = ordered(targets, figures)
+    ranked = _ranked(out, first, figures)
+    if strategy == "cheapest":
+        ranked = [
+            Ranked(r.name, _price_detail(t, first if i == 0 else ""))
+            for i, (r, t) in enumerate(zip(ranked, out, strict=True))
+        ]
+    return out, ranked
+
+
+def _price_detail(t: Target, lead: str) -> str:
+    price = "no price" if t.price is None else f"{t.price.total:g}/M"
+    return f"{lead} {price}".strip()

@@ -1,0 +1,152 @@
+"""plan(): config + state snapshot + clock + generator -> Decision. No I/O.
+
+The server calls it for every routed request and the explain endpoint calls the
+very same function with ``explore=False``, so what explain shows cannot drift
+from what requests get.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import Config, Route, Target
+from ..errors import ClientError
+from .decision import Decision, Excluded, Ranked
+from .eligibility import HealthView, eligible, request_reason, static_reason
+from .ordering import FigureView, order_targets
+
+
+class Snapshot(HealthView, FigureView, Protocol):
+    """What the planner reads of the state."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What routing needs from a request, and nothing more."""
+
+    id: str
+    model: str
+    pin: str | None = None  # x-route-provider
+    tokens: int | None = None  # estimated prompt + max_tokens, when a target declares a window
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    decision: Decision
+    route: Route
+    targets: tuple[Target, ...]  # in decision order
+
+
+class Refused(ClientError):
+    """A request routing cannot take (unknown route, bad pin); carries the decision if any."""
+
+    def __init__(self, status: int, message: str, *, code: str, decision: Decision | None = None):
+        super().__init__(status, message, code=code, param="model")
+        self.decision = decision
+
+
+def find_route(config: Config, model: str) -> tuple[Route, bool]:
+    """The route a model name asks for; ``provider/upstream-model`` makes a one-target route."""
+    route = config.routes.get(model)
+    if route is not None:
+        return route, False
+    provider, sep, upstream = model.partition("/")
+    if sep and upstream and provider in config.providers:
+        target = Target(name=provider, provider=provider, model=upstream)
+        return Route(name=model, strategy="ordered", targets=(target,)), True
+    known = ", ".join(sorted(config.routes)) or "none"
+    raise Refused(
+        404,
+        f"The model '{model}' does not exist: it is neither a route (routes: {known}) "
+        "nor provider/upstream-model with a configured provider.",
+        code="model_not_found",
+    )
+
+
+def plan(
+    config: Config,
+    ask: Ask,
+    state: Snapshot,
+    now: float,
+    rng: random.Random,
+    *,
+    explore: bool = True,
+) -> Plan:
+    route, direct = find_route(config, ask.model)
+    pinned: Target | None = None
+    if direct:
+        pinned = route.targets[0]
+    elif ask.pin is not None:
+        pinned = route.target(ask.pin)
+        if pinned is None:
+            names = ", ".join(t.name for t in route.targets)
+            raise Refused(
+                400,
+                f"x-route-provider: route '{route.name}' has no target '{ask.pin}' "
+                f"(targets: {names})",
+                code="unknown_pin",
+            )
+
+    result = eligible(route, config.providers, ask.tokens, state, now)
+    if pinned is not None:
+        reason = _pin_blocked(route, pinned, ask.tokens, config, state, now)
+        if reason is not None:
+            decision = Decision(
+                id=ask.id,
+                route=route.name,
+                strategy=route.strategy,
+                order=(),
+                excluded=(Excluded(pinned.name, reason), *_others(result.excluded, pinned)),
+            )
+            raise Refused(
+                400,
+                f"The pinned target '{pinned.name}' of route '{route.name}' cannot serve: "
+                f"{reason}. A pin is never re-routed; drop the pin or wait.",
+                code="pin_unavailable",
+                decision=decision,
+            )
+
+    rest = [t for t in result.targets if t is not pinned]
+    out, ranked = order_targets(route, rest, state, now, rng, explore)
+    if pinned is not None:
+        fig = state.figure(pinned.key, route.fastest, now)
+        detail = "pinned" if fig is None else f"pinned {fig:.2f}s"
+        out.insert(0, pinned)
+        ranked = [Ranked(pinned.name, detail), *_demote(ranked)]
+    elif result.rescued is not None and ranked:
+        ranked[0] = Ranked(ranked[0].name, "soonest to reopen")
+    decision = Decision(
+        id=ask.id,
+        route=route.name,
+        strategy=route.strategy,
+        order=tuple(ranked),
+        excluded=result.excluded,
+    )
+    return Plan(decision, route, tuple(out))
+
+
+def _pin_blocked(
+    route: Route, target: Target, tokens: int | None, config: Config, state: Snapshot, now: float
+) -> str | None:
+    reason = static_reason(route, target) or request_reason(target, tokens, config.providers)
+    if reason is not None:
+        return reason
+    health = state.health(target.key, now)
+    return None if health.usable else health.reason
+
+
+def _others(excluded: tuple[Excluded, ...], pinned: Target) -> tuple[Excluded, ...]:
+    return tuple(e for e in excluded if e.name != pinned.name)
+
+
+def _demote(ranked: list[Ranked]) -> list[Ranked]:
+    """Behind a pin nobody is 'first': keep only each fallback's figure."""
+    if not ranked:
+        return ranked
+    first = ranked[0]
+    word, _, rest = first.detail.partition(" ")
+    if word in ("written", "weighted", "fastest", "explore", "cheapest", "score"):
+        first = Ranked(first.name, rest or "unmeasured")
+    return [first, *ranked[1:]]

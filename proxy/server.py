@@ -1,0 +1,287 @@
+"""The HTTP face: aiohttp handlers, client keys, request ids.
+
+A routed request goes parse -> plan() -> walk() -> relay, then the finished
+exchange goes to the observers. Every error a client sees has the OpenAI shape;
+every routed response carries ``x-route-decision``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .errors import ClientError, error_body
+from .gateway import Gateway
+from .observe import Finished
+from .relay import forward_headers, relay_stream
+from .request import estimate_tokens, parse_call, read_body
+from .routing.decision import HEADER, Decision
+from .routing.plan import Ask, plan
+from .state.breaker import CLOSED
+
+GATEWAY = web.AppKey("gateway", Gateway)
+JSON = "application/json"
+
+
+def new_id() -> str:
+    return os.urandom(6).hex()
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type=JSON, headers=headers)
+
+
+def error_response(
+    status: int, body: bytes, decision: Decision | None = None, request_id: str | None = None
+) -> web.Response:
+    headers = {}
+    if decision is not None:
+        headers[HEADER] = decision.header()
+        request_id = decision.id
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    return web.Response(body=body, status=status, content_type=JSON, headers=headers)
+
+
+class Exchange:
+    """Book-keeping of one routed request, turned into a Finished record at the end."""
+
+    __slots__ = ("decision", "error", "first_sent", "op", "sent", "started", "status", "stream",
+                 "t0")
+
+    def __init__(self, op: str, t0: float) -> None:
+        self.op = op
+        self.t0 = t0
+        self.started = time.time()
+        self.decision: Decision | None = None
+        self.status = 500
+        self.stream = False
+        self.sent = 0
+        self.first_sent: float | None = None
+        self.error: str | None = None
+
+
+async def routed(request: web.Request, op: str) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    config = gw.config  # this request finishes on the config it started with
+    ex = Exchange(op, gw.clock())
+    try:
+        return await _route(request, gw, config, ex)
+    except ClientError as exc:
+        decision = getattr(exc, "decision", None)
+        ex.decision = replace(decision, status=exc.status) if decision is not None else None
+        ex.status = exc.status
+        return error_response(exc.status, exc.body(), ex.decision, new_id())
+    finally:
+        end = gw.clock()
+        gw.finished(
+            Finished(
+                decision=ex.decision,
+                started=ex.started,
+                client=request.remote or "-",
+                method=request.method,
+                path=request.path,
+                status=ex.status,
+                operation=op,
+                stream=ex.stream,
+                ttfc=None if ex.first_sent is None else ex.first_sent - ex.t0,
+                total=end - ex.t0,
+                bytes_sent=ex.sent,
+                error=ex.error,
+            )
+        )
+
+
+async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -> web.StreamResponse:
+    raw = await read_body(request, config.max_body_bytes)
+    call, model = parse_call(op=ex.op, raw=raw)
+    ex.stream = call.stream
+    tokens = estimate_tokens(call) if model in gw.sized_routes else None
+    ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens)
+    planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
+    decision = planned.decision
+    if not planned.targets:
+        decision = replace(decision, status=503)
+        ex.decision, ex.status = decision, 503
+        why = ", ".join(f"{e.name} ({e.reason})" for e in decision.excluded) or "no targets"
+        body = error_body(
+            f"No target of route '{decision.route}' can serve this request now: {why}.",
+            "service_unavailable",
+            code="no_eligible_target",
+        )
+        return error_response(503, body, decision)
+
+    assert gw.walker is not None
+    result = await gw.walker.walk(config, planned.route, planned.targets, call)
+    served = result.attempts[-1].name if result.lease is not None or 200 <= result.status < 300 else None
+    decision = replace(decision, attempts=tuple(result.attempts), served=served, status=result.status)
+    ex.decision, ex.status = decision, result.status
+    extra = {HEADER: decision.header(), "x-request-id": decision.id}
+
+    if result.lease is not None:
+        headers = forward_headers(result.headers, extra)
+        relayed = await relay_stream(request, result.lease, result.status, headers, gw.clock)
+        ex.sent, ex.first_sent, ex.error = relayed.bytes_sent, relayed.first_sent, relayed.error
+        if relayed.error is not None:
+            ex.decision = replace(decision, status=result.status)
+        return relayed.response
+    if served is not None or (result.outcome is not None and not result.outcome.failover):
+        # A buffered answer, or another 4xx returned to the client as it is.
+        headers = forward_headers(result.headers, extra)
+        response = web.Response(body=result.body, status=result.status, headers=headers)
+        ex.sent, ex.first_sent = len(result.body), gw.clock()
+        return response
+    # Everything failed: the last error, in the OpenAI shape.
+    ex.sent, ex.first_sent = len(result.body), gw.clock()
+    return error_response(result.status, result.body, decision)
+
+
+def handler(op: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await routed(request, op)
+
+    handle.__name__ = f"handle_{op}"
+    return handle
+
+
+async def models(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    created = int(gw.loaded_at)
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "firstbyte"}
+        for name in gw.config.routes
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    if gw.draining:
+        return json_response({"status": "draining"}, status=503)
+    return json_response({"status": "ready", "config": gw.config.source,
+                          "routes": len(gw.config.routes)})
+
+
+async def health(request: web.Request) -> web.Response:
+    """Every target of every route: figure, samples, age, breaker, failures, in flight."""
+    gw = request.app[GATEWAY]
+    now = gw.clock()
+    out = []
+    for route in gw.config.routes.values():
+        for target in route.targets:
+            h = gw.state.health(target.key, now)
+            figure = gw.state.figure(target.key, route.fastest, now)
+            age = gw.state.tracker.age(target.key, now)
+            ts = gw.state.targets.get(target.key)
+            breaker = h.state
+            if breaker == CLOSED and h.cooling > 0:
+                breaker = "cooling"
+            out.append({
+                "route": route.name,
+                "target": target.name,
+                "provider": target.provider,
+                "model": target.model,
+                "figure_s": None if figure is None else round(figure, 4),
+                "samples": gw.state.tracker.samples(target.key),
+                "age_s": None if age is None else round(age, 3),
+                "breaker": breaker,
+                "reopens_in_s": round(h.reopens_in, 3),
+                "failures": h.failures,
+                "in_flight": 0 if ts is None else ts.in_flight,
+            })
+    return json_response({"targets": out})
+
+
+async def explain(request: web.Request) -> web.Response:
+    """The order a request would get now, without exploring: the very same plan()."""
+    gw = request.app[GATEWAY]
+    name = request.match_info["route"]
+    config = gw.config
+    if name not in config.routes:
+        known = ", ".join(config.routes) or "none"
+        body = error_body(f"No route '{name}' (routes: {known}).", "invalid_request_error",
+                          code="model_not_found")
+        return error_response(404, body)
+    route = config.routes[name]
+    rng = random.Random()
+    rng.setstate(gw.rng(name).getstate())  # a weighted draw shows what the next request draws
+    now = gw.clock()
+    planned = plan(config, Ask("explain", name), gw.state, now, rng, explore=False)
+    d = planned.decision
+    order = []
+    for ranked, target in zip(d.order, planned.targets, strict=True):
+        figure = gw.state.figure(target.key, route.fastest, now)
+        order.append({
+            "target": target.name,
+            "detail": ranked.detail,
+            "figure_s": None if figure is None else round(figure, 4),
+            "samples": gw.state.tracker.samples(target.key),
+            "price": None if target.price is None else target.price.total,
+            "quality": target.quality,
+        })
+    return json_response({
+        "route": name,
+        "strategy": route.strategy,
+        "order": order,
+        "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
+        "decision": d.header(),
+    })
+
+
+def _presented_key(request: web.Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+@web.middleware
+async def client_keys(request: web.Request, handler: Any) -> web.StreamResponse:
+    keys = request.app[GATEWAY].config.clients.keys
+    if keys and request.path.startswith("/v1/"):
+        presented = (_presented_key(request) or "").encode()
+        ok = False
+        for key in keys:  # compare against every key: the time says nothing about which matched
+            ok |= hmac.compare_digest(presented, key.encode())
+        if not ok:
+            body = error_body(
+                "Missing or unknown client key: send 'Authorization: Bearer <key>' "
+                "with a key this gateway was given.",
+                "authentication_error",
+                code="invalid_api_key",
+            )
+            return error_response(401, body, request_id=new_id())
+    return await handler(request)
+
+
+def build_app(gw: Gateway) -> web.Application:
+    app = web.Application(middlewares=[client_keys], client_max_size=1 << 40)
+    app[GATEWAY] = gw
+    app.router.add_post("/v1/chat/completions", handler("chat"))
+    app.router.add_post("/v1/completions", handler("completions"))
+    app.router.add_post("/v1/embeddings", handler("embeddings"))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/routes/{route}/explain", explain)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+
+    async def lifecycle(app: web.Application) -> Any:
+        await gw.start()
+        yield
+        await gw.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

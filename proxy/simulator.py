@@ -1,0 +1,164 @@
+"""A stand-in LLM provider that answers in the OpenAI shape with tunable timing.
+
+One implementation serves two uses: the in-process ``kind: simulated``
+provider (no network, so ``scripts/serve`` works with no keys) and
+``firstbyte simulate --port N``, which puts the same answers on real HTTP for
+benchmarks and the routing-quality harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from .config import Simulate
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class SimAnswer:
+    status: int
+    headers: dict[str, str]
+    body: bytes | None  # a buffered answer or an error
+    stream: AsyncIterator[bytes] | None  # an SSE answer, paced
+
+
+class Simulator:
+    """Answers chat, completions and embeddings; ``knobs`` may follow a schedule."""
+
+    def __init__(
+        self,
+        knobs: Simulate,
+        *,
+        name: str = "sim",
+        schedule: Callable[[float], Simulate] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.knobs = knobs
+        self.name = name
+        self.schedule = schedule
+        self.clock = clock
+        self.started = clock()
+        self.rng = random.Random(knobs.seed)
+        self.served = 0
+
+    def current(self) -> Simulate:
+        if self.schedule is None:
+            return self.knobs
+        return self.schedule(self.clock() - self.started)
+
+    def _first_delay(self, knobs: Simulate) -> float:
+        jitter = self.rng.uniform(-knobs.jitter_ms, knobs.jitter_ms) if knobs.jitter_ms else 0.0
+        return max(0.0, knobs.first_chunk_ms + jitter) / 1000.0
+
+    async def answer(self, op: str, body: dict[str, Any]) -> SimAnswer:
+        knobs = self.current()
+        delay = self._first_delay(knobs)
+        model = body.get("model") or self.name
+        if knobs.fail_rate and self.rng.random() < knobs.fail_rate:
+            await asyncio.sleep(delay / 2)
+            message = f"simulated failure of {self.name} (fail_rate {knobs.fail_rate:g})"
+            err = {"error": {"message": message, "type": "server_error", "param": None,
+                             "code": "simulated"}}
+            return SimAnswer(knobs.fail_status, _JSON, orjson.dumps(err), None)
+        self.served += 1
+        if op == "embeddings":
+            await asyncio.sleep(delay)
+            return SimAnswer(200, _JSON, orjson.dumps(_embeddings(body, model)), None)
+        prompt_tokens = _prompt_tokens(body)
+        words = [f"tok{i} " for i in range(knobs.chunks)]
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            stream = _stream(op, model, words, delay, knobs.chunk_ms / 1000.0, prompt_tokens, usage)
+            return SimAnswer(200, _SSE, None, stream)
+        await asyncio.sleep(delay + knobs.chunks * knobs.chunk_ms / 1000.0)
+        return SimAnswer(200, _JSON, orjson.dumps(_buffered(op, model, words, prompt_tokens)), None)
+
+    def with_knobs(self, **changes: Any) -> None:
+        self.knobs = replace(self.knobs, **changes)
+
+
+_JSON = {"content-type": "application/json"}
+_SSE = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    if "messages" in body:
+        text = "".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    else:
+        text = str(body.get("prompt", ""))
+    return max(1, len(text) // 4)
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _buffered(op: str, model: str, words: list[str], prompt: int) -> dict[str, Any]:
+    text = "".join(words)
+    if op == "completions":
+        return {"id": "cmpl-sim", "object": "text_completion", "created": int(time.time()),
+                "model": model, "choices": [{"index": 0, "text": text, "finish_reason": "stop",
+                                             "logprobs": None}],
+                "usage": _usage(prompt, len(words))}
+    return {"id": "chatcmpl-sim", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": _usage(prompt, len(words))}
+
+
+def _chunk(op: str, model: str, created: int, text: str | None, finish: str | None,
+           first: bool) -> bytes:
+    if op == "completions":
+        choice: dict[str, Any] = {"index": 0, "text": text or "", "finish_reason": finish,
+                                  "logprobs": None}
+        data = {"id": "cmpl-sim", "object": "text_completion", "created": created,
+                "model": model, "choices": [choice]}
+    else:
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        data = {"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+async def _stream(op: str, model: str, words: list[str], delay: float, pace: float,
+                  prompt: int, usage: bool) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    await asyncio.sleep(delay)
+    for i, word in enumerate(words):
+        if i:
+            await asyncio.sleep(pace)
+        yield _chunk(op, model, created, word, None, i == 0)
+    yield _chunk(op, model, created, None, "stop", False)
+    if usage:
+        obj = "chat.completion.chunk" if op != "completions" else "text_completion"
+        data = {"id": "chatcmpl-sim", "object": obj, "created": created, "model": model,
+                "choices": [], "usage": _usage(prompt, len(words))}
+        yield b"data: " + orjson.dumps(data) + b"\n\n"
+    yield SSE_DONE
+
+
+def _embeddings(body: dict[str, Any], model: str) -> dict[str, Any]:
+    raw = body.get("input", "")
+    inputs = raw if isinstance(raw, list) else [raw]
+    data = []
+    for i, item in enumerate(inputs):
+        seed = sum(str(item).encode()) or 1
+        vector = [((seed * (k + 1)) % 1000) / 1000.0 for k in range(8)]
+        data.append({"object": "embedding", "index": i, "embedding": vector})
+    tokens = sum(max(1, len(str(x)) // 4) for x in inputs)
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

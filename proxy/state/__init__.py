@@ -1,0 +1,76 @@
+"""Everything firstbyte remembers between requests, in one place.
+
+The walker is the only writer; the planner reads it synchronously between two
+awaits, which makes the read a consistent snapshot on the event loop. It
+survives a config reload for targets that still exist.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..config import Config, Fastest, TargetKey
+from .breaker import Breaker, Health
+from .limiter import Limiter
+from .tracker import Tracker
+
+HISTORY = 100  # recent attempts kept per target for the health share
+
+
+@dataclass(slots=True)
+class TargetState:
+    breaker: Breaker = field(default_factory=Breaker)
+    in_flight: int = 0
+    history: deque[bool] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+
+class State:
+    def __init__(self, stale_after: float = 300.0) -> None:
+        self.tracker = Tracker(stale_after)
+        self.targets: dict[TargetKey, TargetState] = {}
+        self.limiters: dict[str, Limiter] = {}
+
+    def target(self, key: TargetKey) -> TargetState:
+        ts = self.targets.get(key)
+        if ts is None:
+            ts = self.targets[key] = TargetState()
+        return ts
+
+    def health(self, key: TargetKey, now: float) -> Health:
+        ts = self.targets.get(key)
+        return _CLOSED if ts is None else ts.breaker.health(now)
+
+    def figure(self, key: TargetKey, policy: Fastest, now: float) -> float | None:
+        return self.tracker.figure(key, policy, now)
+
+    def success_share(self, key: TargetKey) -> float | None:
+        ts = self.targets.get(key)
+        if ts is None or not ts.history:
+            return None
+        return sum(ts.history) / len(ts.history)
+
+    def limiter(self, provider: str) -> Limiter | None:
+        return self.limiters.get(provider)
+
+    def configure(self, config: Config) -> None:
+        """Adopt a (re)loaded config: keep what still exists, drop the rest."""
+        keys = config.target_keys()
+        for key in list(self.targets):
+            if key not in keys:
+                del self.targets[key]
+        self.tracker.retain(keys)
+        self.tracker.stale_after = max(
+            [r.fastest.max_age_secs for r in config.routes.values()] or [300.0]
+        )
+        limiters: dict[str, Limiter] = {}
+        for name, provider in config.providers.items():
+            old = self.limiters.get(name)
+            if old is not None and (old.limit, old.queue) == (provider.max_concurrent, provider.queue):
+                limiters[name] = old
+            elif provider.max_concurrent:
+                limiters[name] = Limiter(provider.max_concurrent, provider.queue)
+        self.limiters = limiters
+
+
+_CLOSED = Breaker().health(0.0)

@@ -1,0 +1,102 @@
+"""The circuit breaker per (provider, upstream model), plus Retry-After cool-downs.
+
+Pure state machine with an injected clock: ``cooldown.failures`` consecutive
+failover-safe failures open it; after the cooldown one probe is let through; a
+failed probe doubles the cooldown (up to 300 s); a success closes it. A 429's
+Retry-After cools the target down for the hinted time without opening it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import Cooldown
+
+MAX_COOLDOWN = 300.0
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half-open"  # cooldown over: the next attempt is the probe
+PROBING = "probing"  # the probe is in flight: everyone else waits for its verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What the planner needs to know: may it be tried now, and if not, for how long."""
+
+    state: str
+    seconds_left: float  # until the breaker half-opens or the cool-down ends; 0 when usable
+    cooling: float  # seconds of Retry-After cool-down left
+    failures: int
+
+    @property
+    def usable(self) -> bool:
+        return self.state in (CLOSED, HALF_OPEN) and self.cooling <= 0
+
+    @property
+    def reason(self) -> str:
+        if self.state == OPEN:
+            return f"breaker open {max(self.seconds_left, self.cooling):.0f}s"
+        if self.state == PROBING:
+            return "breaker probing"
+        return f"cooling down {self.cooling:.0f}s"
+
+    @property
+    def reopens_in(self) -> float:
+        return 0.0 if self.state == PROBING else max(self.seconds_left, self.cooling)
+
+
+class Breaker:
+    __slots__ = ("cool_until", "cooldown", "failures", "open_until", "probing", "state")
+
+    def __init__(self) -> None:
+        self.state = CLOSED
+        self.failures = 0
+        self.open_until = 0.0
+        self.cooldown = 0.0
+        self.cool_until = 0.0
+        self.probing = False
+
+    def health(self, now: float) -> Health:
+        cooling = max(0.0, self.cool_until - now)
+        if self.state == CLOSED:
+            return Health(CLOSED, 0.0, cooling, self.failures)
+        if self.probing:
+            return Health(PROBING, 0.0, cooling, self.failures)
+        left = self.open_until - now
+        if left > 0:
+            return Health(OPEN, left, cooling, self.failures)
+        return Health(HALF_OPEN, 0.0, cooling, self.failures)
+
+    def begin(self, now: float) -> bool:
+        """An attempt starts; returns True when it is the probe of an open breaker."""
+        if self.state == OPEN and not self.probing and now >= self.open_until:
+            self.probing = True
+            return True
+        return False
+
+    def abandon_probe(self) -> None:
+        """The probe ended with no verdict (client left): let the next request probe."""
+        self.probing = False
+
+    def success(self) -> None:
+        self.state = CLOSED
+        self.failures = 0
+        self.probing = False
+        self.cooldown = 0.0
+
+    def failure(self, now: float, policy: Cooldown) -> None:
+        self.failures += 1
+        if self.state == OPEN:
+            if self.probing:  # the probe failed: wait twice as long
+                self.probing = False
+                self.cooldown = min(MAX_COOLDOWN, self.cooldown * 2)
+                self.open_until = now + self.cooldown
+            return
+        if self.failures >= policy.failures:
+            self.state = OPEN
+            self.cooldown = policy.secs
+            self.open_until = now + policy.secs
+
+    def cool(self, until: float) -> None:
+        self.cool_until = max(self.cool_until, until)

@@ -1,0 +1,50 @@
+"""Per-provider concurrency limit with a bounded queue.
+
+``max_concurrent`` calls run at once; up to ``queue`` more wait for a slot; a
+call beyond that is refused at once (the walker records it as ``busy`` and fails
+over) so no request ever waits without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+
+class Busy(Exception):
+    """The limit and its queue are full."""
+
+
+class Limiter:
+    __slots__ = ("active", "limit", "queue", "waiters")
+
+    def __init__(self, limit: int, queue: int) -> None:
+        self.limit = limit  # 0 = unlimited
+        self.queue = queue
+        self.active = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if self.limit == 0 or (self.active < self.limit and not self.waiters):
+            self.active += 1
+            return
+        if len(self.waiters) >= self.queue:
+            raise Busy
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter  # release() hands its slot over: active is already counted
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # we were handed a slot but will not use it
+            else:
+                self.waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.active -= 1

@@ -1,0 +1,143 @@
+"""The two ways an upstream request leaves: real HTTP, or the in-process simulator.
+
+Both hand the walker an :class:`Upstream`: a status, headers, and the body as
+chunks as they arrive. Nothing here decides anything; aiohttp's exceptions are
+turned into outcomes in ``classify.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+import aiohttp
+import orjson
+
+from .config import Provider
+from .providers.base import UpstreamRequest
+from .simulator import Simulator
+
+
+class Upstream(Protocol):
+    status: int
+    headers: Mapping[str, str]
+
+    async def chunk(self) -> bytes:
+        """The next piece of body as it arrived; b"" at the end."""
+        ...
+
+    async def read(self, limit: int) -> bytes:
+        """The rest of the body, at most ``limit`` bytes (more is an error)."""
+        ...
+
+    def close(self) -> None:
+        """Drop the call; after a full read the connection goes back to the pool."""
+        ...
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class HttpUpstream:
+    __slots__ = ("_resp", "headers", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = resp.headers
+
+    async def chunk(self) -> bytes:
+        return await self._resp.content.readany()
+
+    async def read(self, limit: int) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while data := await self._resp.content.readany():
+            size += len(data)
+            if size > limit:
+                raise BodyTooLarge(f"upstream body over {limit} bytes")
+            parts.append(data)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if self._resp.content.at_eof():
+            self._resp.release()
+        else:
+            self._resp.close()
+
+
+class HttpTransport:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._timeouts: dict[str, aiohttp.ClientTimeout] = {}
+
+    def timeout(self, provider: Provider) -> aiohttp.ClientTimeout:
+        t = provider.timeouts
+        key = f"{t.connect}/{t.idle}/{t.total}"
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=t.total, sock_connect=t.connect, sock_read=t.idle
+            )
+        return timeout
+
+    async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
+        resp = await self.session.request(
+            req.method,
+            req.url,
+            data=req.body,
+            headers=req.headers,
+            timeout=self.timeout(provider),
+            allow_redirects=False,
+        )
+        return HttpUpstream(resp)
+
+
+class SimUpstream:
+    __slots__ = ("_body", "_stream", "headers", "status")
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes | None,
+                 stream: AsyncIterator[bytes] | None) -> None:
+        self.status = status
+        self.headers = headers
+        self._body = body
+        self._stream = stream
+
+    async def chunk(self) -> bytes:
+        if self._body is not None:
+            body, self._body = self._body, b""
+            return body
+        if self._stream is None:
+            return b""
+        try:
+            return await anext(self._stream)
+        except StopAsyncIteration:
+            self._stream = None
+            return b""
+
+    async def read(self, limit: int) -> bytes:
+        parts = []
+        while data := await self.chunk():
+            parts.append(data)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._stream = None
+
+
+class SimTransport:
+    """The in-process simulated provider: one Simulator per provider name."""
+
+    def __init__(self) -> None:
+        self.simulators: dict[str, Simulator] = {}
+
+    def simulator(self, provider: Provider) -> Simulator:
+        sim = self.simulators.get(provider.name)
+        if sim is None or sim.knobs != provider.simulate:
+            sim = self.simulators[provider.name] = Simulator(provider.simulate, name=provider.name)
+        return sim
+
+    async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
+        answer = await self.simulator(provider).answer(req.extra["op"], orjson.loads(req.body))
+        return SimUpstream(answer.status, answer.headers, answer.body, answer.stream)

@@ -1,0 +1,210 @@
+"""walk(): the only upstream I/O. Try the planned order until one target commits.
+
+For each candidate the provider's adapter builds the call, the transport sends
+it, and the outcome is classified by the one rule in ``classify.py``. The
+tracker, breaker, limiter and history are fed here and only here. The commit
+point is the first body chunk of a 2xx answer: before it every failure may move
+on; after it the walker hands the open call (a :class:`Lease`) to the relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .classify import Outcome, classify_exception, classify_status
+from .config import Config, Provider, Route, Target
+from .errors import error_body, error_type
+from .providers import ADAPTERS, Adapter, Call
+from .providers.base import StreamTranslator
+from .routing.decision import Attempt
+from .state import State, TargetState
+from .state.limiter import Limiter
+from .transport import HttpTransport, SimTransport, Upstream
+
+MAX_RETRY_AFTER = 30.0  # a longer hint abandons the target for now (it is cooled down)
+MAX_ERROR_BODY = 64 * 1024
+MAX_BUFFERED_BODY = 64 * 1024 * 1024
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 2.0
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """A committed upstream call, held until the relay has drained it."""
+
+    target: Target
+    provider: Provider
+    adapter: Adapter
+    upstream: Upstream
+    first: bytes
+    translator: StreamTranslator | None
+    _ts: TargetState
+    _limiter: Limiter | None
+    _walker: Walker
+    _route: Route
+    finished: bool = False
+
+    async def chunk(self) -> bytes:
+        return await self.upstream.chunk()
+
+    def finish(self, failure: str | None = None) -> None:
+        """Release the slot and the connection; a failure after commit counts against the target."""
+        if self.finished:
+            return
+        self.finished = True
+        self.upstream.close()
+        self._ts.in_flight -= 1
+        if self._limiter is not None:
+            self._limiter.release()
+        if failure is not None:
+            self._ts.history.append(False)
+            self._ts.breaker.failure(self._walker.clock(), self._route.cooldown)
+
+
+@dataclass(slots=True)
+class WalkResult:
+    attempts: list[Attempt] = field(default_factory=list)
+    lease: Lease | None = None  # a committed answer (streamed or buffered)
+    status: int = 502
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""  # the buffered answer, a client error as it is, or the final error
+    outcome: Outcome | None = None  # why the walk ended without an answer
+
+
+class Walker:
+    def __init__(
+        self,
+        state: State,
+        http: HttpTransport,
+        sim: SimTransport | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.state = state
+        self.http = http
+        self.sim = sim or SimTransport()
+        self.clock = clock
+        self.rng = rng or random.Random()
+
+    async def walk(self, config: Config, route: Route, targets: tuple[Target, ...], call: Call,
+                   providers: Mapping[str, Provider] | None = None) -> WalkResult:
+        providers = config.providers if providers is None else providers
+        result = WalkResult()
+        for target in targets:
+            provider = providers[target.provider]
+            adapter = ADAPTERS[provider.kind]
+            for n in range(target.retry + 1):
+                outcome = await self._attempt(result, route, target, provider, adapter, call)
+                if outcome is None:  # committed, or a client error returned as it is
+                    return result
+                hint = outcome.retry_after
+                if hint is not None and hint > MAX_RETRY_AFTER:
+                    break
+                if n < target.retry:
+                    if hint is not None:
+                        await asyncio.sleep(hint)
+                    else:
+                        await asyncio.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)))
+        return result
+
+    async def _attempt(self, result: WalkResult, route: Route, target: Target, provider: Provider,
+                       adapter: Adapter, call: Call) -> Outcome | None:
+        """One try. Returns None when the walk is over (commit or client error), else the failure."""
+        state = self.state
+        ts = state.target(target.key)
+        limiter = state.limiter(provider.name)
+        transport = self.sim if provider.kind == "simulated" else self.http
+        request = adapter.build(provider, target, call)
+        started = self.clock()
+        acquired = False
+        counted = False
+        probe = False
+        upstream: Upstream | None = None
+        verdict = False  # the breaker heard a success or failure for this attempt
+        try:
+            try:
+                async with asyncio.timeout(provider.timeouts.first_chunk):
+                    if limiter is not None:
+                        await limiter.acquire()
+                        acquired = True
+                    ts.in_flight += 1
+                    counted = True
+                    probe = ts.breaker.begin(started)
+                    upstream = await transport.send(provider, request)
+                    ok = 200 <= upstream.status < 300
+                    first = await upstream.chunk() if ok else await upstream.read(MAX_ERROR_BODY)
+                if ok and not call.stream:
+                    first += await upstream.read(MAX_BUFFERED_BODY)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                outcome = classify_exception(exc)
+                self._failed(result, route, target, ts, outcome, started)
+                verdict = True
+                return outcome
+
+            now = self.clock()
+            status = upstream.status
+            if ok:
+                ttfc = now - started
+                state.tracker.record(target.key, ttfc, now)
+                ts.breaker.success()
+                ts.history.append(True)
+                verdict = True
+                result.attempts.append(Attempt(target.name, str(status), ttfc, False, ttfc))
+                result.status = status
+                result.headers = upstream.headers
+                if call.stream:
+                    result.lease = Lease(target, provider, adapter, upstream, first,
+                                         adapter.stream_translator(call, target), ts,
+                                         limiter if acquired else None, self, route)
+                    upstream = None  # the lease owns it now, with the slot and the count
+                    counted = acquired = False
+                else:
+                    result.body = adapter.translate_body(call, target, first)
+                return None
+
+            outcome = classify_status(status, upstream.headers,
+                                      adapter.is_context_overflow(status, first))
+            if not outcome.failover:
+                # Another 4xx: the client's own mistake, returned as it is; says nothing of health.
+                result.attempts.append(Attempt(target.name, outcome.word, now - started))
+                result.status = status
+                result.headers = upstream.headers
+                result.body = first
+                result.outcome = outcome
+                return None
+            self._failed(result, route, target, ts, outcome, started,
+                         adapter.error_body(status, first))
+            verdict = True
+            return outcome
+        finally:
+            if upstream is not None:
+                upstream.close()
+            if counted:
+                ts.in_flight -= 1
+            if acquired and limiter is not None:
+                limiter.release()
+            if probe and not verdict:
+                ts.breaker.abandon_probe()
+
+    def _failed(self, result: WalkResult, route: Route, target: Target, ts: TargetState,
+                outcome: Outcome, started: float, body: bytes | None = None) -> None:
+        now = self.clock()
+        result.attempts.append(Attempt(target.name, outcome.word, now - started, True))
+        ts.history.append(False)
+        ts.breaker.failure(now, route.cooldown)
+        if outcome.retry_after is not None:
+            ts.breaker.cool(now + outcome.retry_after)
+        result.outcome = outcome
+        result.status = outcome.status
+        result.headers = {}
+        if body is None:
+            body = error_body(f"{target.name}: {outcome.message}", error_type(outcome.status),
+                              code=outcome.word.replace(" ", "_"))
+        result.body = body

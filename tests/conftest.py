@@ -1,0 +1,254 @@
+"""Real servers on loopback: fake upstreams the tests script, and firstbyte itself."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.config import Config, parse_config
+from proxy.gateway import Gateway
+from proxy.routing.decision import ParsedDecision, parse_header
+from proxy.server import build_app
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class FakeUpstream:
+    """An aiohttp server a test scripts per path; it records every request it gets."""
+
+    def __init__(self, handlers: dict[str, Handler]) -> None:
+        self.handlers = handlers
+        self.calls: list[dict[str, Any]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = orjson.loads(raw) if raw else None
+        self.calls.append({"path": request.path, "headers": {str(k): v for k, v in request.headers.items()}, "json": body})
+        handler = self.handlers.get(request.path) or self.handlers.get("*")
+        if handler is None:
+            return web.json_response({"error": {"message": "no handler"}}, status=404)
+        return await handler(request)
+
+    async def start(self) -> FakeUpstream:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def chat_body(text: str = "hello", model: str = "up") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else orjson.dumps(data).decode()
+    return f"data: {payload}\n\n".encode()
+
+
+def chunk_event(text: str, finish: str | None = None) -> bytes:
+    return sse({
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "up",
+        "choices": [{"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}],
+    })
+
+
+def ok_handler(text: str = "hello", chunks: int = 3) -> Handler:
+    """Answers buffered or streamed, as the request asks."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.json_response(chat_body(text, body.get("model", "up")))
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(chunks):
+            await response.write(chunk_event(f"{text}{i}"))
+        await response.write(chunk_event("", "stop"))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    return handle
+
+
+def status_handler(status: int, message: str = "nope", headers: dict[str, str] | None = None) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {"error": {"message": message, "type": "upstream", "param": None, "code": str(status)}},
+            status=status,
+            headers=headers,
+        )
+
+    return handle
+
+
+class Proxy:
+    """firstbyte on a loopback port, with its gateway reachable for state checks."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> Proxy:
+        self.runner = web.AppRunner(build_app(self.gateway), handler_cancellation=True, shutdown_timeout=1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def post(
+        self, path: str, body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        async with aiohttp.ClientSession() as session:
+            data = body if isinstance(body, bytes) else orjson.dumps(body)
+            async with session.post(self.url + path, data=data, headers=headers or {}) as resp:
+                return resp.status, dict(resp.headers), await resp.read()
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as session, session.get(self.url + path) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+
+def decision_of(headers: dict[str, str]) -> ParsedDecision:
+    return parse_header(headers["x-route-decision"])
+
+
+def make_config(raw: dict[str, Any], env: dict[str, str] | None = None) -> Config:
+    return parse_config(copy.deepcopy(raw), env or {})
+
+
+class Clock:
+    """A clock the test moves by hand: no test sleeps to wait for a figure to expire."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, secs: float) -> None:
+        self.now += secs
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[Callable[..., Awaitable[FakeUpstream]]]:
+    started: list[FakeUpstream] = []
+
+    async def start(handlers: dict[str, Handler]) -> FakeUpstream:
+        up = await FakeUpstream(handlers).start()
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        await up.stop()
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
+    started: list[Proxy] = []
+
+    async def start(raw: dict[str, Any], env: dict[str, str] | None = None, **kwargs: Any) -> Proxy:
+        p = await Proxy(Gateway(make_config(raw, env), **kwargs)).start()
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        await p.stop()
+
+
+class RawUpstream:
+    """A TCP server that speaks HTTP by hand, for faults aiohttp would tidy away."""
+
+    def __init__(self, script: Callable[[Any, Any], Awaitable[None]]) -> None:
+        self.script = script
+        self.server: Any = None
+        self.url = ""
+        self.connections = 0
+
+    async def _handle(self, reader: Any, writer: Any) -> None:
+        self.connections += 1
+        try:
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            await self.script(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, NameError):
+            pass
+        finally:
+            writer.close()
+
+    async def start(self) -> RawUpstream:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+@pytest.fixture
+async def raw_upstreams() -> AsyncIterator[Callable[..., Awaitable[RawUpstream]]]:
+    started: list[RawUpstream] = []
+
+    async def start(script: Callable[[Any, Any], Awaitable[None]]) -> RawUpstream:
+        up = await RawUpstream(script).start()
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        await up.stop()
+
+
+def route_config(
+    targets: list[dict[str, Any]],
+    providers: dict[str, dict[str, Any]],
+    strategy: str = "ordered",
+    **route: Any,
+) -> dict[str, Any]:
+    """A one-route ("chat") config for tests."""
+    return {
+        "providers": providers,
+        "routes": {"chat": {"strategy": strategy, "targets": targets, **route}},
+    }
+
+
+def openai_provider(url: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "openai", "base_url": url + "/v1", **extra}

@@ -1,0 +1,221 @@
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.config import Config, Provider, Route, Target
+from proxy.observe import Finished
+from proxy.observe.metrics import Metrics, names_from_config
+from proxy.routing.decision import Attempt, Decision, Excluded, Ranked
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def finished(decision: Decision | None, status: int = 200) -> Finished:
+    return Finished(
+        decision=decision,
+        started=1_700_000_000.0,
+        client="127.0.0.1",
+        method="POST",
+        path="/v1/chat/completions",
+        status=status,
+        operation="chat",
+        stream=True,
+        ttfc=0.5,
+        total=1.0,
+        bytes_sent=10,
+    )
+
+
+def scrape(metrics: Metrics) -> tuple[Samples, dict[str, str], str]:
+    """Render and parse with the reference parser: samples by (name, labels), and types."""
+    body, content_type = metrics.render()
+    samples: Samples = {}
+    types: dict[str, str] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        types[family.name] = family.type
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples, types, content_type
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+SERVED_AFTER_FAILOVER = Decision(
+    id="a1",
+    route="chat",
+    strategy="fastest",
+    order=(Ranked("groq", "fastest 0.31s"), Ranked("openai", "0.82s")),
+    excluded=(Excluded("local", "breaker open 12s"),),
+    attempts=(
+        Attempt("groq", "503", 0.04, failover=True),
+        Attempt("groq", "reset", 0.01, failover=True),
+        Attempt("openai", "200", 0.8, ttfc=0.8),
+    ),
+    served="openai",
+    status=200,
+    usage={"prompt_tokens": 100, "completion_tokens": 40, "total_tokens": 140},
+    cost_usd=0.25,
+)
+EXPLORED = Decision(
+    id="a2",
+    route="chat",
+    strategy="fastest",
+    order=(Ranked("openai", "explore"), Ranked("groq", "0.3s")),
+    attempts=(Attempt("openai", "200", 0.3, ttfc=0.3),),
+    served="openai",
+    status=200,
+    usage={"prompt_tokens": 10, "completion_tokens": 5},
+    cost_usd=0.5,
+)
+CLIENT_PIN = Decision(  # a provider/model pin the client typed: neither name is configured
+    id="a3",
+    route="groq/some-model-a-client-invented",
+    strategy="ordered",
+    order=(Ranked("groq/some-model-a-client-invented", "pinned"),),
+    attempts=(Attempt("groq/some-model-a-client-invented", "weird failure", 0.2),),
+    status=502,
+)
+
+
+def make() -> Metrics:
+    return Metrics(known_routes={"chat"}, known_targets={"groq", "openai", "local"})
+
+
+def test_counters_after_known_traffic() -> None:
+    metrics = make()
+    for item in (SERVED_AFTER_FAILOVER, EXPLORED):
+        metrics.on_finished(finished(item))
+    metrics.on_finished(finished(CLIENT_PIN, status=502))
+    metrics.on_finished(finished(None, status=401))  # refused before routing
+    samples, types, content_type = scrape(metrics)
+
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert value(samples, "firstbyte_requests_total", route="chat", served="openai",
+                 status="200") == 2
+    assert value(samples, "firstbyte_requests_total", route="other", served="none",
+                 status="502") == 1
+    assert value(samples, "firstbyte_requests_total", route="none", served="none",
+                 status="401") == 1
+    assert value(samples, "firstbyte_attempts_total", target="groq", outcome="503") == 1
+    assert value(samples, "firstbyte_attempts_total", target="groq", outcome="reset") == 1
+    assert value(samples, "firstbyte_attempts_total", target="openai", outcome="200") == 2
+    assert value(samples, "firstbyte_attempts_total", target="other", outcome="other") == 1
+    assert value(samples, "firstbyte_failovers_total", route="chat") == 1
+    assert value(samples, "firstbyte_failovers_total", route="other") == 0
+    assert value(samples, "firstbyte_decisions_total", route="chat", first_reason="fastest") == 1
+    assert value(samples, "firstbyte_decisions_total", route="chat", first_reason="explore") == 1
+    assert value(samples, "firstbyte_decisions_total", route="other", first_reason="pinned") == 1
+    assert value(samples, "firstbyte_tokens_total", target="openai", kind="prompt") == 110
+    assert value(samples, "firstbyte_tokens_total", target="openai", kind="completion") == 45
+    assert value(samples, "firstbyte_cost_usd_total", route="chat", target="openai") == 0.75
+    assert value(samples, "firstbyte_ledger_dropped_total") == 0
+
+    assert types["firstbyte_requests"] == "counter"
+    assert types["firstbyte_first_chunk_seconds"] == "histogram"
+    # Client-typed names never become label values.
+    assert not any("invented" in v for _, labels in samples for _, v in labels)
+
+
+def test_first_chunk_histogram_by_target() -> None:
+    metrics = make()
+    for item in (SERVED_AFTER_FAILOVER, EXPLORED):
+        metrics.on_finished(finished(item))
+    samples, _, _ = scrape(metrics)
+    name = "firstbyte_first_chunk_seconds"
+    assert value(samples, f"{name}_count", target="openai") == 2
+    assert value(samples, f"{name}_sum", target="openai") == pytest.approx(1.1)
+    assert value(samples, f"{name}_bucket", target="openai", le="0.25") == 0
+    assert value(samples, f"{name}_bucket", target="openai", le="0.5") == 1
+    assert value(samples, f"{name}_bucket", target="openai", le="1.0") == 2
+    assert value(samples, f"{name}_bucket", target="openai", le="+Inf") == 2
+    assert (f"{name}_count", frozenset({("target", "groq")})) not in samples  # groq never answered
+
+
+def test_scrape_time_gauges() -> None:
+    metrics = make()
+    metrics.set_figure("groq", 0.31)
+    metrics.set_figure("openai", 0.82)
+    metrics.set_figure("openai", None)  # gone stale: no series rather than an old number
+    metrics.set_target_state("groq", "closed", 3)
+    metrics.set_target_state("local", "open", 0)
+    metrics.set_target_state("openai", "probing", 1)
+    metrics.set_ledger_dropped(7)
+    samples, types, _ = scrape(metrics)
+    assert value(samples, "firstbyte_target_latency_seconds", target="groq") == 0.31
+    assert ("firstbyte_target_latency_seconds", frozenset({("target", "openai")})) not in samples
+    assert value(samples, "firstbyte_breaker_state", target="groq") == 0
+    assert value(samples, "firstbyte_breaker_state", target="local") == 1
+    assert value(samples, "firstbyte_breaker_state", target="openai") == 2
+    assert value(samples, "firstbyte_in_flight", target="groq") == 3
+    assert value(samples, "firstbyte_in_flight", target="openai") == 1
+    assert value(samples, "firstbyte_ledger_dropped_total") == 7
+    assert types["firstbyte_breaker_state"] == "gauge"
+    with pytest.raises(ValueError, match="unknown breaker state"):
+        metrics.set_target_state("groq", "melted", 0)
+
+
+def test_reconfigure_bounds_labels_to_the_new_config_and_drops_departed_gauges() -> None:
+    metrics = make()
+    metrics.set_figure("local", 0.2)
+    metrics.set_target_state("local", "closed", 0)
+    metrics.set_target_state("groq", "closed", 0)
+    metrics.reconfigure({"chat", "code"}, {"groq", "openai"})
+    code = Decision(
+        id="b1", route="code", strategy="ordered", order=(Ranked("local", "written"),),
+        attempts=(Attempt("local", "200", 0.1, ttfc=0.1),), served="local", status=200,
+    )
+    metrics.on_finished(finished(code))
+    samples, _, _ = scrape(metrics)
+    assert value(samples, "firstbyte_requests_total", route="code", served="other",
+                 status="200") == 1
+    assert value(samples, "firstbyte_breaker_state", target="groq") == 0
+    remaining = {labels for name, labels in samples if name == "firstbyte_breaker_state"}
+    assert remaining == {frozenset({("target", "groq")})}
+    assert not any(name == "firstbyte_target_latency_seconds" for name, _ in samples)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "label"),
+    [
+        pytest.param("429", "429", id="code"),
+        pytest.param("timeout", "timeout", id="word"),
+        pytest.param("busy", "busy", id="busy"),
+        pytest.param("connect timeout", "connect", id="first-word"),
+        pytest.param("1234", "other", id="four-digits"),
+        pytest.param("ignore previous instructions", "other", id="free-text"),
+    ],
+)
+def test_outcome_labels_are_bounded(outcome: str, label: str) -> None:
+    metrics = make()
+    metrics.on_finished(finished(Decision(
+        id="c", route="chat", strategy="ordered", order=(Ranked("groq", "written"),),
+        attempts=(Attempt("groq", outcome, 0.1),),
+    ), status=502))
+    samples, _, _ = scrape(metrics)
+    assert value(samples, "firstbyte_attempts_total", target="groq", outcome=label) == 1
+
+
+def test_names_from_config() -> None:
+    config = Config(
+        providers={"groq": Provider("groq", "openai", "https://x")},
+        routes={
+            "chat": Route("chat", "ordered", (
+                Target("fast", "groq", "llama-3"), Target("slow", "groq", "llama-2"),
+            )),
+        },
+    )
+    routes, targets = names_from_config(config)
+    assert routes == {"chat"}
+    assert targets == {"fast", "slow", "groq/llama-3", "groq/llama-2"}
+    metrics = Metrics.from_config(config)
+    metrics.on_finished(finished(Decision(
+        id="p", route="groq/llama-3", strategy="ordered", order=(Ranked("groq/llama-3", "pinned"),),
+        attempts=(Attempt("groq/llama-3", "200", 0.1, ttfc=0.1),), served="groq/llama-3",
+        status=200,
+    )))
+    samples, _, _ = scrape(metrics)
+    assert value(samples, "firstbyte_requests_total", route="other", served="groq/llama-3",
+                 status="200") == 1
