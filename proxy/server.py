@@ -21,6 +21,7 @@ from aiohttp import web
 from .errors import ClientError, error_body
 from .gateway import Gateway
 from .observe import Finished
+from .observe.hub import Hub
 from .relay import forward_headers, relay_stream
 from .request import estimate_tokens, parse_call, read_body
 from .routing.decision import HEADER, Decision
@@ -28,6 +29,7 @@ from .routing.plan import Ask, plan
 from .state.breaker import CLOSED
 
 GATEWAY = web.AppKey("gateway", Gateway)
+HUB = web.AppKey("hub", Hub)
 JSON = "application/json"
 
 
@@ -266,22 +268,46 @@ async def client_keys(request: web.Request, handler: Any) -> web.StreamResponse:
     return await handler(request)
 
 
-def build_app(gw: Gateway) -> web.Application:
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[HUB].scrape(request.app[GATEWAY])
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def add_ops_routes(app: web.Application, hub: Hub | None) -> None:
+    """Liveness, readiness and metrics: open to anyone who can reach the listener."""
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    if hub is not None:
+        app[HUB] = hub
+        app.router.add_get("/metrics", metrics)
+
+
+def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
+    """The ``ops_listen`` app: health, readiness, metrics and /v1/health, without client keys."""
+    app = web.Application()
+    app[GATEWAY] = gw
+    add_ops_routes(app, hub)
+    app.router.add_get("/v1/health", health)
+    return app
+
+
+def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> web.Application:
+    """The main app. ``manage=False`` when the caller starts and closes the gateway itself."""
     app = web.Application(middlewares=[client_keys], client_max_size=1 << 40)
     app[GATEWAY] = gw
+    add_ops_routes(app, hub)
     app.router.add_post("/v1/chat/completions", handler("chat"))
     app.router.add_post("/v1/completions", handler("completions"))
     app.router.add_post("/v1/embeddings", handler("embeddings"))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/routes/{route}/explain", explain)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
 
     async def lifecycle(app: web.Application) -> Any:
         await gw.start()
         yield
         await gw.close()
 
-    app.cleanup_ctx.append(lifecycle)
+    if manage:
+        app.cleanup_ctx.append(lifecycle)
     return app

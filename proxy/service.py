@@ -1,8 +1,10 @@
 """Running firstbyte as a service: listen, reload on SIGHUP, drain on SIGTERM.
 
-The event loop is uvloop where it is installed. A reload that fails keeps the old
-config serving and logs every problem; SIGTERM stops accepting, turns /readyz to
-503, lets streams in flight finish within ``shutdown_grace`` and exits 0.
+The event loop is uvloop where it is installed. A reload that fails keeps the
+old config serving and logs every problem. SIGTERM stops accepting, turns
+/readyz to 503, lets requests in flight finish within ``shutdown_grace``,
+cancels what is left and exits 0. systemd hears about each step through the
+notify protocol when it started us with ``NOTIFY_SOCKET``.
 """
 
 from __future__ import annotations
@@ -18,80 +20,100 @@ from aiohttp import web
 from .config import Config, load_config, split_listen
 from .errors import ConfigError
 from .gateway import Gateway
-from .observe import Observer
+from .observe.hub import Hub
 from .sdnotify import Notifier
-from .server import build_app
+from .server import build_app, build_ops_app
 
 log = logging.getLogger("firstbyte")
 
 
-def run(coro_fn: Callable[[], Coroutine[Any, Any, int]]) -> int:
+def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run the service on uvloop when it is available."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(coro_fn())
+        return asyncio.run(main())
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro_fn())
-
-
-def make_observers(config: Config) -> list[Observer]:
-    from .observe.accesslog import AccessLog
-
-    observers: list[Observer] = [AccessLog(config.access_log)]
-    return observers
+        return runner.run(main())
 
 
 class Service:
     def __init__(self, config_path: str, config: Config, listen: str | None = None) -> None:
         self.config_path = config_path
         self.listen = listen or config.listen
-        self.gateway = Gateway(config, observers=make_observers(config))
-        self.notifier = Notifier.from_env()
+        self.hub = Hub(config)
+        self.gateway = Gateway(config, observers=self.hub.observers)
+        self.notifier = Notifier()
         self.stopping = asyncio.Event()
-        self.runner: web.AppRunner | None = None
+        self.runners: list[web.AppRunner] = []
+        self._reloading: asyncio.Task[bool] | None = None
+        self._lock = asyncio.Lock()
 
-    def reload(self) -> bool:
-        self.notifier.reloading()
-        try:
-            config = load_config(self.config_path)
-        except ConfigError as exc:
-            log.error("reload refused, the running config stays: %s", exc)
-            self.notifier.ready()
-            return False
-        if config.listen != self.gateway.config.listen:
-            log.warning("listen changed to %s: takes effect on restart", config.listen)
-        self.gateway.apply(config)
-        log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
-        self.notifier.ready()
-        return True
+    async def reload(self) -> bool:
+        """Re-read the file; swap it in whole, or keep the running one and say why."""
+        async with self._lock:
+            self.notifier.reloading()
+            try:
+                try:
+                    config = await asyncio.to_thread(load_config, self.config_path)
+                except ConfigError as exc:
+                    log.error("reload refused, the running config stays: %s", exc)
+                    return False
+                old = self.gateway.config
+                for key in ("listen", "ops_listen", "shutdown_grace"):
+                    if getattr(config, key) != getattr(old, key):
+                        log.warning("%s changed: takes effect on restart", key)
+                await self.hub.reconfigure(config)
+                self.gateway.apply(config)
+                self.gateway.observers = self.hub.observers
+                log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
+                return True
+            finally:
+                self.notifier.ready()
+
+    def _on_sighup(self) -> None:
+        if self._reloading is None or self._reloading.done():
+            self._reloading = asyncio.get_running_loop().create_task(self.reload())
+
+    async def _start_site(self, app: web.Application, listen: str) -> None:
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            shutdown_timeout=self.gateway.config.shutdown_grace,
+            access_log=None,
+        )
+        await runner.setup()
+        self.runners.append(runner)
+        host, port = split_listen(listen)
+        await web.TCPSite(runner, host, port, backlog=4096, reuse_address=True).start()
+        log.info("listening on http://%s:%d", host, port)
 
     async def serve(self) -> int:
         gw = self.gateway
-        app = build_app(gw)
-        self.runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            shutdown_timeout=gw.config.shutdown_grace,
-            access_log=None,
-        )
-        await self.runner.setup()
-        host, port = split_listen(self.listen)
-        site = web.TCPSite(self.runner, host, port, backlog=2048, reuse_address=True)
-        await site.start()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
-        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
-        loop.add_signal_handler(signal.SIGINT, self.stopping.set)
-        log.info("firstbyte listening on http://%s:%d (config %s)", host, port, self.config_path)
-        self.notifier.ready()
-        watchdog = asyncio.create_task(self.notifier.run_watchdog())
+        await self.hub.start()
+        await gw.start()
         try:
+            await self._start_site(build_app(gw, self.hub, manage=False), self.listen)
+            if gw.config.ops_listen:
+                await self._start_site(build_ops_app(gw, self.hub), gw.config.ops_listen)
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+            loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
+            loop.add_signal_handler(signal.SIGINT, self.stopping.set)
+            log.info("firstbyte ready (config %s, %d routes)", self.config_path, len(gw.config.routes))
+            self.notifier.ready()
+            watchdog = asyncio.create_task(self.notifier.run_watchdog())
             await self.stopping.wait()
-        finally:
-            log.info("draining: in-flight requests get %.0fs", gw.config.shutdown_grace)
+            log.info("draining: requests in flight get %.0fs", gw.config.shutdown_grace)
             gw.draining = True
             self.notifier.stopping()
             watchdog.cancel()
-            await self.runner.cleanup()
+            # The main listener stops accepting and waits for its requests up to the grace,
+            # then cancels what is left; the ops listener (if any) answers /readyz 503 meanwhile.
+            for runner in self.runners:
+                await runner.cleanup()
+        finally:
+            await gw.close()  # closes the observers too: the access log and ledger write out
+            self.notifier.close()
+        log.info("stopped")
         return 0

@@ -1,0 +1,90 @@
+"""The observers a config asks for, built at start, rebuilt on reload, closed on stop.
+
+Access log, metrics and (when ``ledger.path`` is set) the decision ledger. The
+metrics gauges that describe state rather than traffic (figures, breakers, in
+flight) are refreshed from the gateway when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import Config
+from . import Observer
+from .accesslog import AccessLog
+from .ledger import Ledger
+from .metrics import Metrics, names_from_config
+
+log = logging.getLogger("firstbyte")
+
+
+class Hub:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.access_log = AccessLog(config.access_log)
+        self.metrics = Metrics.from_config(config)
+        self.ledger: Ledger | None = None
+        if config.ledger.path:
+            self.ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
+
+    @property
+    def observers(self) -> list[Observer]:
+        out: list[Observer] = [self.access_log, self.metrics]
+        if self.ledger is not None:
+            out.append(self.ledger)
+        return out
+
+    async def start(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.start()
+
+    async def reconfigure(self, config: Config) -> None:
+        """Adopt a reloaded config: new names for metrics, new log or ledger if they moved."""
+        old = self.config
+        self.config = config
+        self.metrics.reconfigure(*names_from_config(config))
+        if config.access_log != old.access_log:
+            previous, self.access_log = self.access_log, AccessLog(config.access_log)
+            await previous.close()
+        else:
+            self.access_log.reopen()  # after logrotate, SIGHUP reopens the file
+        if config.ledger != old.ledger:
+            previous_ledger, self.ledger = self.ledger, None
+            if previous_ledger is not None:
+                await previous_ledger.close()
+            if config.ledger.path:
+                ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
+                try:
+                    await ledger.start()
+                except Exception as exc:
+                    log.error("ledger %s cannot open, decisions are not stored: %s", config.ledger.path, exc)
+                else:
+                    self.ledger = ledger
+
+    def scrape(self, gateway: object) -> tuple[bytes, str]:
+        """Render /metrics after copying the live state gauges in."""
+        from ..gateway import Gateway
+
+        assert isinstance(gateway, Gateway)
+        now = gateway.clock()
+        state = gateway.state
+        seen: set[str] = set()
+        for route in gateway.config.routes.values():
+            for target in route.targets:
+                if target.name in seen:
+                    continue
+                seen.add(target.name)
+                self.metrics.set_figure(target.name, state.figure(target.key, route.fastest, now))
+                health = state.health(target.key, now)
+                ts = state.targets.get(target.key)
+                self.metrics.set_target_state(target.name, health.state, 0 if ts is None else ts.in_flight)
+        if self.ledger is not None:
+            self.metrics.set_ledger_dropped(self.ledger.dropped)
+        return self.metrics.render()
+
+    async def close(self) -> None:
+        for observer in self.observers:
+            try:
+                await observer.close()
+            except Exception:
+                log.exception("observer %s failed to close", type(observer).__name__)

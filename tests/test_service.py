@@ -1,0 +1,225 @@
+"""firstbyte as systemd runs it: a real process, real signals, a real notify socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.routing.decision import parse_header
+
+KEY = "client-key-123"
+
+
+def sim(first_ms: float = 2, chunk_ms: float = 1, chunks: int = 4) -> dict[str, Any]:
+    return {"kind": "simulated",
+            "simulate": {"first_chunk_ms": first_ms, "jitter_ms": 0, "chunk_ms": chunk_ms, "chunks": chunks}}
+
+
+def base_config(port: int, ops_port: int, tmp: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "listen": f"127.0.0.1:{port}",
+        "ops_listen": f"127.0.0.1:{ops_port}",
+        "clients": {"keys_env": "FIRSTBYTE_TEST_KEYS"},
+        "access_log": {"format": "json", "path": str(tmp / "access.log")},
+        "ledger": {"path": str(tmp / "ledger.db")},
+        "shutdown_grace": 10,
+        "providers": {"fast": sim(), "slow": sim(first_ms=20, chunk_ms=100, chunks=10)},
+        "routes": {
+            "chat": {"strategy": "ordered", "targets": [{"provider": "fast", "model": "f-1"}]},
+            "slow": {"strategy": "ordered", "targets": [{"provider": "slow", "model": "s-1"}]},
+        },
+        **extra,
+    }
+
+
+class Running:
+    def __init__(self, proc: asyncio.subprocess.Process, ports: tuple[int, int], notify: socket.socket,
+                 config: Path) -> None:
+        self.proc = proc
+        self.ports = ports
+        self.url = f"http://127.0.0.1:{ports[0]}"
+        self.ops_url = f"http://127.0.0.1:{ports[1]}"
+        self.notify = notify
+        self.config = config
+        self.messages: list[str] = []
+
+    async def wait_for(self, message: str, timeout: float = 10) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while message not in self.messages:
+            if loop.time() > deadline:
+                raise AssertionError(f"no {message!r} from firstbyte; got {self.messages}")
+            try:
+                data = self.notify.recv(4096)
+            except BlockingIOError:
+                await asyncio.sleep(0.02)
+                continue
+            self.messages.extend(data.decode().splitlines())
+
+    def headers(self, key: str | None = KEY) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@pytest.fixture
+async def service(tmp_path: Path, unused_tcp_port_factory: Any) -> AsyncIterator[Running]:
+    ports = (unused_tcp_port_factory(), unused_tcp_port_factory())
+    config = tmp_path / "routes.yaml"
+    config.write_text(yaml.safe_dump(base_config(*ports, tmp_path)))
+    notify_path = tmp_path / "notify.sock"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    notify.setblocking(False)
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "200000",
+           "FIRSTBYTE_TEST_KEYS": f"other-key, {KEY}"}
+    with (tmp_path / "stderr.log").open("wb") as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), env=env, stderr=stderr
+        )
+    running = Running(proc, ports, notify, config)
+    try:
+        await running.wait_for("READY=1")
+        yield running
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        notify.close()
+
+
+async def chat(session: aiohttp.ClientSession, svc: Running, route: str = "chat", **kw: Any) -> tuple[int, str]:
+    body = {"model": route, "messages": [{"role": "user", "content": "hi"}], **kw}
+    async with session.post(svc.url + "/v1/chat/completions", json=body, headers=svc.headers()) as resp:
+        await resp.read()
+        return resp.status, resp.headers.get("x-route-decision", "")
+
+
+async def test_client_keys_guard_v1_but_not_health(service: Running) -> None:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as s:
+        for headers in ({}, service.headers("wrong"), {"x-api-key": "wrong"}):
+            async with s.post(service.url + "/v1/chat/completions", json=body, headers=headers) as resp:
+                assert resp.status == 401
+                error = (await resp.json())["error"]
+                assert error["type"] == "authentication_error"
+                assert "wrong" not in json.dumps(error)
+        async with s.post(service.url + "/v1/chat/completions", json=body, headers=service.headers()) as resp:
+            assert resp.status == 200
+        async with s.post(service.url + "/v1/chat/completions", json=body, headers={"x-api-key": KEY}) as resp:
+            assert resp.status == 200
+        for path in ("/healthz", "/readyz", "/metrics"):
+            async with s.get(service.url + path) as resp:
+                assert resp.status == 200, path
+            async with s.get(service.ops_url + path) as resp:
+                assert resp.status == 200, path
+        async with s.get(service.ops_url + "/v1/health") as resp:
+            assert resp.status == 200  # the ops listener needs no client key
+    await service.wait_for("WATCHDOG=1")
+
+
+async def test_reload_under_traffic_loses_no_request(service: Running, tmp_path: Path) -> None:
+    statuses: list[int] = []
+    stop = asyncio.Event()
+
+    async def traffic(session: aiohttp.ClientSession) -> None:
+        while not stop.is_set():
+            status, _ = await chat(session, service)
+            statuses.append(status)
+
+    async with aiohttp.ClientSession() as session:
+        workers = [asyncio.create_task(traffic(session)) for _ in range(4)]
+        await asyncio.sleep(0.3)
+        good = base_config(*service.ports, tmp_path)
+        good["routes"]["added"] = {"targets": [{"provider": "fast", "model": "f-2"}]}
+        service.config.write_text(yaml.safe_dump(good))
+        service.proc.send_signal(signal.SIGHUP)
+        await service.wait_for("RELOADING=1")
+        await asyncio.sleep(0.3)
+        assert (await chat(session, service, "added"))[0] == 200
+
+        service.messages.clear()
+        service.config.write_text("routes: {chat: {targets: [{provider: nope}]}}\n")
+        service.proc.send_signal(signal.SIGHUP)
+        await service.wait_for("RELOADING=1")
+        await service.wait_for("READY=1")
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.gather(*workers)
+        assert (await chat(session, service, "added"))[0] == 200  # the old config still serves
+    assert len(statuses) > 20
+    assert set(statuses) == {200}
+    stderr = (tmp_path / "stderr.log").read_text()
+    assert "reload refused" in stderr
+    assert "routes.chat.targets[0].model: required" in stderr
+    assert "providers: required" in stderr
+
+
+async def test_sigterm_drains_a_slow_stream_then_exits_zero(service: Running, tmp_path: Path) -> None:
+    body = {"model": "slow", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(service.url + "/v1/chat/completions", json=body, headers=service.headers()) as resp:
+            first = await resp.content.readany()
+            assert first.startswith(b"data: ")
+            service.proc.send_signal(signal.SIGTERM)
+            await service.wait_for("STOPPING=1")
+            async with s.get(service.ops_url + "/readyz") as ready:
+                assert ready.status == 503  # the ops listener says so while the main one drains
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with s.get(service.url + "/healthz"):
+                    pass  # the main listener no longer accepts
+            rest = await resp.read()
+        assert rest.endswith(b"data: [DONE]\n\n")
+        assert (first + rest).count(b'"content"') == 10
+    assert await asyncio.wait_for(service.proc.wait(), 15) == 0
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as s, s.get(service.url + "/healthz"):
+            pass
+
+
+async def test_access_log_ledger_and_metrics_after_known_traffic(service: Running, tmp_path: Path) -> None:
+    decisions = []
+    async with aiohttp.ClientSession() as session:
+        for stream in (False, True, False):
+            status, header = await chat(session, service, stream=stream)
+            assert status == 200
+            decisions.append(header)
+        async with session.get(service.url + "/metrics") as resp:
+            text = await resp.text()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("firstbyte_requests_total", (("route", "chat"), ("served", "fast"), ("status", "200")))] == 3
+    assert samples[("firstbyte_attempts_total", (("outcome", "200"), ("target", "fast")))] == 3
+    assert samples[("firstbyte_decisions_total", (("first_reason", "written"), ("route", "chat")))] == 3
+    assert samples[("firstbyte_breaker_state", (("target", "fast"),))] == 0
+    assert ("firstbyte_target_latency_seconds", (("target", "fast"),)) in samples
+
+    service.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(service.proc.wait(), 15) == 0
+    lines = [json.loads(line) for line in (tmp_path / "access.log").read_text().splitlines()]
+    routed = [line for line in lines if line["path"] == "/v1/chat/completions"]
+    assert [line["decision"] for line in routed] == decisions
+    assert all(line["status"] == 200 and line["served"] == "fast" for line in routed)
+    log_text = (tmp_path / "access.log").read_text()
+    assert KEY not in log_text and "hi" not in log_text.replace("chat", "")
+
+    ids = [parse_header(d).id for d in decisions]
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        rows = db.execute("SELECT id, route, served, status, stream FROM decisions ORDER BY ts").fetchall()
+    assert [r[0] for r in rows] == ids
+    assert {(r[1], r[2], r[3]) for r in rows} == {("chat", "fast", 200)}
+    assert [r[4] for r in rows] == [0, 1, 0]
