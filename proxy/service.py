@@ -100,7 +100,9 @@ class Service:
             loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
             loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
             loop.add_signal_handler(signal.SIGINT, self.stopping.set)
-            log.info("firstbyte ready (config %s, %d routes)", self.config_path, len(gw.config.routes))
+            loop_kind = type(loop).__module__.split(".")[0]
+            log.info("firstbyte ready (config %s, %d routes, event loop %s)", self.config_path,
+                     len(gw.config.routes), loop_kind)
             self.notifier.ready()
             watchdog = asyncio.create_task(self.notifier.run_watchdog())
             await self.stopping.wait()

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -223,3 +224,10 @@ async def test_access_log_ledger_and_metrics_after_known_traffic(service: Runnin
     assert [r[0] for r in rows] == ids
     assert {(r[1], r[2], r[3]) for r in rows} == {("chat", "fast", 200)}
     assert [r[4] for r in rows] == [0, 1, 0]
+
+    summary = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "decisions", "--ledger", str(tmp_path / "ledger.db"), "--since", "1h"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "chat" in summary and "fast" in summary and "100" in summary
+    assert "event loop uvloop" in (tmp_path / "stderr.log").read_text()
