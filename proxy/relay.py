@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -53,13 +53,12 @@ def forward_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> di
     return headers
 
 
-@dataclass(slots=True)
-class Relayed:
-    response: web.StreamResponse
-    bytes_sent: int
+class Meter(Protocol):
+    """Where the relay records progress as it goes, so a cancelled stream is still accounted."""
+
+    sent: int
     first_sent: float | None
-    error: str | None  # why the stream ended early, if it did
-    client_gone: bool
+    error: str | None
 
 
 def _error_event(message: str, code: str) -> bytes:
@@ -73,48 +72,52 @@ async def relay_stream(
     status: int,
     headers: Mapping[str, str],
     clock: Callable[[], float],
-) -> Relayed:
+    meter: Meter,
+) -> web.StreamResponse:
     response = web.StreamResponse(status=status, headers=headers)
-    sent = 0
-    first_sent: float | None = None
-    error: str | None = None
     translator = lease.translator
+    failure: str | None = None
     try:
         await response.prepare(request)
         data = lease.first
         while True:
-            if translator is not None:
-                data = translator.feed(data)
+            try:
+                if translator is not None:
+                    data = translator.feed(data)
+            except Exception as exc:  # a translator's verdict on a broken stream
+                failure = f"{type(exc).__name__}: {exc}"
+                break
             if data:
                 await response.write(data)
-                if not sent:
-                    first_sent = clock()
-                sent += len(data)
+                if meter.first_sent is None:
+                    meter.first_sent = clock()
+                meter.sent += len(data)
             try:
                 data = await lease.chunk()
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                error = _describe(exc)
-                break
-            except Exception as exc:  # a translator's verdict on a broken stream
-                error = f"{type(exc).__name__}: {exc}"
+                failure = _describe(exc)
                 break
             if not data:
                 break
-        if error is not None:
+        if failure is not None:
+            meter.error = failure
             event = _error_event(
-                f"{lease.target.name}: the upstream stream failed after it started ({error}); "
+                f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
                 "the answer is incomplete.",
                 "stream_interrupted",
             )
             await response.write(event)
-            sent += len(event)
+            meter.sent += len(event)
         await response.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        lease.finish(None)  # the client left: nothing to say about the provider
-        return Relayed(response, sent, first_sent, "client disconnected", True)
+        # The client left: nothing to say about the provider (unless it failed first).
+        meter.error = meter.error or "client disconnected"
+    except asyncio.CancelledError:
+        meter.error = meter.error or "client disconnected"
+        raise
     finally:
-        lease.finish(error)
-    return Relayed(response, sent, first_sent, error, False)
+        lease.finish(failure)
+    return response
 
 
 def _describe(exc: BaseException) -> str:

@@ -130,11 +130,7 @@ async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -
 
     if result.lease is not None:
         headers = forward_headers(result.headers, extra)
-        relayed = await relay_stream(request, result.lease, result.status, headers, gw.clock)
-        ex.sent, ex.first_sent, ex.error = relayed.bytes_sent, relayed.first_sent, relayed.error
-        if relayed.error is not None:
-            ex.decision = replace(decision, status=result.status)
-        return relayed.response
+        return await relay_stream(request, result.lease, result.status, headers, gw.clock, ex)
     if served is not None or (result.outcome is not None and not result.outcome.failover):
         # A buffered answer, or another 4xx returned to the client as it is.
         headers = forward_headers(result.headers, extra)
