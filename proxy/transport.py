@@ -45,7 +45,7 @@ class HttpUpstream:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
-        self.headers = resp.headers
+        self.headers: Mapping[str, str] = resp.headers
 
     async def chunk(self) -> bytes:
         return await self._resp.content.readany()
