@@ -8,6 +8,7 @@ every routed response carries ``x-route-decision``.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import random
 import time
@@ -28,6 +29,7 @@ from .routing.decision import HEADER, Decision
 from .routing.plan import Ask, plan
 from .state.breaker import CLOSED
 
+log = logging.getLogger("firstbyte")
 GATEWAY = web.AppKey("gateway", Gateway)
 HUB = web.AppKey("hub", Hub)
 JSON = "application/json"
@@ -287,9 +289,34 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
     return app
 
 
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own refusals (unknown path, wrong method) and crashes in the OpenAI shape too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = f"{exc.reason}: {request.method} {request.path}"
+        if exc.status == 404:
+            message += " is not an endpoint of this gateway (see /v1/models, /v1/chat/completions)."
+        body = error_body(message, "invalid_request_error", code=f"http_{exc.status}")
+        return web.Response(body=body, status=exc.status, content_type=JSON, headers=_allow(exc))
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        body = error_body("firstbyte failed to handle this request; the error is in its log.", "server_error",
+                          code="internal_error")
+        return web.Response(body=body, status=500, content_type=JSON)
+
+
+def _allow(exc: web.HTTPException) -> dict[str, str]:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else {}
+
+
 def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> web.Application:
     """The main app. ``manage=False`` when the caller starts and closes the gateway itself."""
-    app = web.Application(middlewares=[client_keys], client_max_size=1 << 40)
+    app = web.Application(middlewares=[openai_errors, client_keys], client_max_size=1 << 40)
     app[GATEWAY] = gw
     add_ops_routes(app, hub)
     app.router.add_post("/v1/chat/completions", handler("chat"))

@@ -426,3 +426,19 @@ async def test_models_health_and_readiness(proxy):
     assert status == 200 and body["status"] == "ready"
     p.gateway.draining = True
     assert (await p.get("/readyz"))[0] == 503
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        pytest.param("GET", "/v1/nope", 404, id="unknown-path"),
+        pytest.param("GET", "/v1/chat/completions", 405, id="wrong-method"),
+    ],
+)
+async def test_aiohttp_refusals_take_the_openai_shape(proxy, method, path, status):
+    p = await proxy(route_config([{"provider": "s", "model": "m"}], {"s": {"kind": "simulated"}}))
+    async with aiohttp.ClientSession() as session, session.request(method, p.url + path) as resp:
+        assert resp.status == status
+        err = (await resp.json())["error"]
+        assert err["code"] == f"http_{status}"
+        assert path in err["message"]
