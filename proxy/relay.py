@@ -82,30 +82,37 @@ async def relay_stream(
     try:
         await response.prepare(request)
         data = lease.first
+        ended = False
         while True:
-            if translator is not None:
-                data = translator.feed(data)
+            try:
+                if translator is not None:
+                    data = _finish(translator) if ended else translator.feed(data)
+            except Exception as exc:  # a translator's verdict on a broken stream
+                error = f"{type(exc).__name__}: {exc}"
+                break
             if data:
                 await response.write(data)
                 if not sent:
                     first_sent = clock()
                 sent += len(data)
+            if ended:
+                break
             try:
                 data = await lease.chunk()
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 error = _describe(exc)
                 break
-            except Exception as exc:  # a translator's verdict on a broken stream
-                error = f"{type(exc).__name__}: {exc}"
-                break
             if not data:
-                break
+                if translator is None:
+                    break
+                ended = True
+        if error is None and translator is not None and not translator.done:
+            error = "the upstream stream ended before its end marker"
         if error is not None:
-            event = _error_event(
-                f"{lease.target.name}: the upstream stream failed after it started ({error}); "
-                "the answer is incomplete.",
-                "stream_interrupted",
-            )
+            message = (f"{lease.target.name}: the upstream stream failed after it started ({error}); "
+                       "the answer is incomplete.")
+            make = getattr(translator, "error_event", None)
+            event = make(message) if make is not None else _error_event(message, "stream_interrupted")
             await response.write(event)
             sent += len(event)
         await response.write_eof()
@@ -115,6 +122,12 @@ async def relay_stream(
     finally:
         lease.finish(error)
     return Relayed(response, sent, first_sent, error, False)
+
+
+def _finish(translator: object) -> bytes:
+    """What a translator still holds when the upstream ends (a passthrough's last bytes)."""
+    finish = getattr(translator, "finish", None)
+    return finish() if finish is not None else b""
 
 
 def _describe(exc: BaseException) -> str:
