@@ -89,6 +89,11 @@ async def relay_stream(
                     data = _finish(translator) if ended else translator.feed(data)
             except Exception as exc:  # a translator's verdict on a broken stream
                 error = f"{type(exc).__name__}: {exc}"
+                partial = getattr(exc, "partial", b"")  # the events before the verdict
+                if partial:
+                    await response.write(partial)
+                    first_sent = first_sent if sent else clock()
+                    sent += len(partial)
                 break
             if data:
                 await response.write(data)

@@ -131,9 +131,14 @@ class AnthropicUsageTap:
             self.done = True
         if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
             return block
-        for event in _events(block):
+        events = _events(block)
+        for i, event in enumerate(events):
             if b'"usage"' in event or b'"error"' in event:
-                self._inspect(event)
+                try:
+                    self._inspect(event)
+                except AnthropicStreamError as exc:
+                    exc.partial = b"".join(events[:i])
+                    raise
         return block
 
     def finish(self) -> bytes:
