@@ -124,9 +124,9 @@ async def test_first_chunk_reaches_the_client_before_the_answer_ends(upstreams, 
 
 
 async def test_error_event_mid_stream_ends_the_client_stream_with_an_error(upstreams, proxy):
-    events = text_events(["partial"])[:4] + [OVERLOADED]
+    events = [*text_events(["partial"])[:4], OVERLOADED]
     _, p = await anthropic_route(upstreams, proxy, messages_handler(events=events))
-    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    status, _, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     payloads = sse_payloads(body)
     assert status == 200
     assert payloads[1]["choices"][0]["delta"]["content"] == "partial"
@@ -233,7 +233,7 @@ async def test_untranslatable_request_alone_is_a_clear_400(upstreams, proxy):
 
 
 async def test_embeddings_are_not_sent_to_an_anthropic_target(upstreams, proxy):
-    up, p = await anthropic_route(upstreams, proxy, messages_handler())
+    _, p = await anthropic_route(upstreams, proxy, messages_handler())
     status, _, body = await p.post("/v1/embeddings", {"model": "chat", "input": "x"})
     assert status == 400 and "embeddings" in orjson.loads(body)["error"]["message"]
 
@@ -251,7 +251,7 @@ async def test_tool_use_stream_becomes_tool_calls(upstreams, proxy):
         event("message_stop", {}),
     ]
     _, p = await anthropic_route(upstreams, proxy, messages_handler(events=events))
-    status, _, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    _, _, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     payloads = sse_payloads(body)
     calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in payloads[:-1]
              if c["choices"][0]["delta"].get("tool_calls")]

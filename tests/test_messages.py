@@ -165,7 +165,7 @@ async def test_client_key_refusal_is_in_the_anthropic_shape(upstreams, proxy):
 async def test_error_event_mid_stream_reaches_the_sdk(upstreams, proxy, sdk):
     from .anthropic_fakes import OVERLOADED
 
-    events = text_events(["so"])[:4] + [OVERLOADED]
+    events = [*text_events(["so"])[:4], OVERLOADED]
     _, p = await to_anthropic(upstreams, proxy, messages_handler(events=events))
     texts = []
     with pytest.raises(anthropic.APIStatusError):
@@ -188,3 +188,16 @@ async def test_openai_stream_cut_before_finish_ends_with_an_anthropic_error_even
     assert status == 200
     assert b"event: error" in body and b"end marker" in body
     assert b'"text":"half"' in body
+
+
+async def test_simulated_target_answers_messages(proxy, sdk):
+    raw = {"providers": {"sim": {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0,
+                                                                   "chunk_ms": 0, "chunks": 3}}},
+           "routes": {"chat": {"targets": [{"provider": "sim", "model": "sim-1"}]}}}
+    p = await proxy(raw)
+    message = await sdk(p.url).messages.create(**ASK)
+    assert message.content[0].text and message.usage.output_tokens == 3
+    async with sdk(p.url).messages.stream(**ASK) as stream:
+        texts = [t async for t in stream.text_stream]
+        final = await stream.get_final_message()
+    assert len(texts) == 3 and final.usage.output_tokens == 3

@@ -46,7 +46,8 @@ def t(name: str, price: tuple[float, float] | None = None, quality: float | None
     [
         pytest.param({"a": 1.0, "b": 1.0}, {"a": 0.5, "b": 0.5}, id="equal-is-neutral"),
         pytest.param({"a": 1.0, "b": 4.0}, {"a": 2 / 3, "b": 1 / 3}, id="geomean-2-both-at-the-clamp"),
-        pytest.param({"a": 1.0, "b": 1.21}, {"a": 1 / (1 + 1 / 1.1), "b": 1 / (1 + 1.1)}, id="relative-g-over-g-plus-x"),
+        pytest.param({"a": 1.0, "b": 1.21}, {"a": 1 / (1 + 1 / 1.1), "b": 1 / (1 + 1.1)},
+                     id="relative-g-over-g-plus-x"),
         pytest.param({"a": 0.1, "b": 100.0}, {"a": 2 / 3, "b": 1 / 3}, id="clamped-a-factor-of-two"),
         pytest.param({"a": 2.0, "b": None}, {"a": 0.5, "b": 0.5}, id="sole-measured-is-neutral"),
         pytest.param({"a": None, "b": None}, {"a": 0.5, "b": 0.5}, id="no-data-is-neutral"),
