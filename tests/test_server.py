@@ -43,7 +43,8 @@ async def _close_clients():
 async def two_targets(upstreams, proxy, first_handler, second_handler=None, **extra):
     a = await upstreams({"/v1/chat/completions": first_handler})
     b = await upstreams({"/v1/chat/completions": second_handler or ok_handler("from-b")})
-    targets = [{"provider": "a", "model": "model-a", **extra.pop("a_target", {})}, {"provider": "b", "model": "model-b"}]
+    targets = [{"provider": "a", "model": "model-a", **extra.pop("a_target", {})},
+               {"provider": "b", "model": "model-b"}]
     providers = {"a": openai_provider(a.url, **extra.pop("a_provider", {})), "b": openai_provider(b.url)}
     p = await proxy(route_config(targets, providers, **extra))
     return a, b, p
@@ -52,7 +53,8 @@ async def two_targets(upstreams, proxy, first_handler, second_handler=None, **ex
 async def test_buffered_chat_through_openai_sdk(upstreams, proxy):
     up = await upstreams({"/v1/chat/completions": ok_handler("hello")})
     p = await proxy(
-        route_config([{"provider": "up", "model": "gpt-upstream"}], {"up": openai_provider(up.url, api_key_env="UP_KEY")}),
+        route_config([{"provider": "up", "model": "gpt-upstream"}],
+                     {"up": openai_provider(up.url, api_key_env="UP_KEY")}),
         env={"UP_KEY": "provider-secret"},
     )
     raw = await client(p.url).chat.completions.with_raw_response.create(**CHAT)
