@@ -38,7 +38,10 @@ SIGNALS = ("speed", "cost", "health", "quality")
 class ScoreView(Protocol):
     """What the score strategy reads of the state, besides the figures."""
 
-    costs: Mapping[tuple[str, str], float]  # (target name, operation) -> measured USD per call
+    @property
+    def costs(self) -> Mapping[tuple[str, str], float]:
+        """(target name, operation) -> measured mean USD per call."""
+        ...
 
     def success_share(self, key: TargetKey) -> float | None: ...
 
