@@ -17,6 +17,7 @@ import aiohttp
 
 from .config import Config
 from .observe import Finished, Observer
+from .observe.costs import CostRefresher
 from .state import State
 from .transport import HttpTransport, SimTransport
 from .walk import Walker
@@ -44,6 +45,7 @@ class Gateway:
         self._shared_rng = random.Random()
         self.config = config
         self.sized_routes: frozenset[str] = frozenset()
+        self.costs: CostRefresher | None = None
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -75,8 +77,13 @@ class Gateway:
             connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
         self.walker = Walker(self.state, HttpTransport(self.session), self.sim, clock=self.clock)
+        if self.config.ledger.path:  # measured cost per call for the score strategy
+            self.costs = CostRefresher(self.config.ledger.path, self.state)
+            self.costs.start()
 
     async def close(self) -> None:
+        if self.costs is not None:
+            await self.costs.close()
         for observer in self.observers:
             try:
                 await observer.close()

@@ -80,32 +80,40 @@ async def relay_stream(
     try:
         await response.prepare(request)
         data = lease.first
+        ended = False
         while True:
             try:
                 if translator is not None:
-                    data = translator.feed(data)
+                    data = _finish(translator) if ended else translator.feed(data)
             except Exception as exc:  # a translator's verdict on a broken stream
                 failure = f"{type(exc).__name__}: {exc}"
+                partial = getattr(exc, "partial", b"")  # the events before the verdict
+                if partial:
+                    await response.write(partial)
+                    _sent(meter, len(partial), clock)
                 break
             if data:
                 await response.write(data)
-                if meter.first_sent is None:
-                    meter.first_sent = clock()
-                meter.sent += len(data)
+                _sent(meter, len(data), clock)
+            if ended:
+                break
             try:
                 data = await lease.chunk()
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 failure = _describe(exc)
                 break
             if not data:
-                break
+                if translator is None:
+                    break
+                ended = True
+        if failure is None and translator is not None and not translator.done:
+            failure = "the upstream stream ended before its end marker"
         if failure is not None:
             meter.error = failure
-            event = _error_event(
-                f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
-                "the answer is incomplete.",
-                "stream_interrupted",
-            )
+            message = (f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
+                       "the answer is incomplete.")
+            make = getattr(translator, "error_event", None)
+            event = make(message) if make is not None else _error_event(message, "stream_interrupted")
             await response.write(event)
             meter.sent += len(event)
         await response.write_eof()
@@ -118,6 +126,18 @@ async def relay_stream(
     finally:
         lease.finish(failure)
     return response
+
+
+def _sent(meter: Meter, size: int, clock: Callable[[], float]) -> None:
+    if meter.first_sent is None:
+        meter.first_sent = clock()
+    meter.sent += size
+
+
+def _finish(translator: object) -> bytes:
+    """What a translator still holds when the upstream ends (a passthrough's last bytes)."""
+    finish = getattr(translator, "finish", None)
+    return finish() if finish is not None else b""
 
 
 def _describe(exc: BaseException) -> str:

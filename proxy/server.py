@@ -23,11 +23,14 @@ from .errors import ClientError, error_body
 from .gateway import Gateway
 from .observe import Finished
 from .observe.hub import Hub
+from .providers.anthropic_reverse import openai_error_to_anthropic
 from .relay import forward_headers, relay_stream
 from .request import estimate_tokens, parse_call, read_body
 from .routing.decision import HEADER, Decision
 from .routing.plan import Ask, plan
+from .routing.score import score_targets
 from .state.breaker import CLOSED
+from .usage import priced, usage_of_body
 
 log = logging.getLogger("firstbyte")
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -109,7 +112,7 @@ async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -
     call, model = parse_call(op=ex.op, raw=raw)
     ex.stream = call.stream
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
-    ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens)
+    ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens, op=ex.op)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
     decision = planned.decision
     if not planned.targets:
@@ -132,16 +135,33 @@ async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -
 
     if result.lease is not None:
         headers = forward_headers(result.headers, extra)
-        return await relay_stream(request, result.lease, result.status, headers, gw.clock, ex)
+        lease = result.lease
+        try:
+            return await relay_stream(request, lease, result.status, headers, gw.clock, ex)
+        finally:  # usage is known once the stream ended, even when the client left early
+            ex.decision = priced(decision, lease.target.price, getattr(lease.translator, "usage", None))
     if served is not None or (result.outcome is not None and not result.outcome.failover):
         # A buffered answer, or another 4xx returned to the client as it is.
         headers = forward_headers(result.headers, extra)
         response = web.Response(body=result.body, status=result.status, headers=headers)
         ex.sent, ex.first_sent = len(result.body), gw.clock()
+        if served is not None:
+            target = planned.route.target(served)
+            price = target.price if target is not None else None
+            ex.decision = priced(decision, price, usage_of_body(call.op, result.body))
         return response
     # Everything failed: the last error, in the OpenAI shape.
     ex.sent, ex.first_sent = len(result.body), gw.clock()
     return error_response(result.status, result.body, decision)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's Messages API for clients that speak it: routed like any request, and every
+    error it answers (firstbyte's own 400/404/503 included) in Anthropic's error shape."""
+    response = await routed(request, "messages")
+    if response.status >= 400 and isinstance(response, web.Response) and isinstance(response.body, bytes):
+        response.body = openai_error_to_anthropic(response.status, response.body)
+    return response
 
 
 def handler(op: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -218,8 +238,10 @@ async def explain(request: web.Request) -> web.Response:
     rng = random.Random()
     rng.setstate(gw.rng(name).getstate())  # a weighted draw shows what the next request draws
     now = gw.clock()
-    planned = plan(config, Ask("explain", name), gw.state, now, rng, explore=False)
+    op = request.query.get("op", "chat")
+    planned = plan(config, Ask("explain", name, op=op), gw.state, now, rng, explore=False)
     d = planned.decision
+    signals, basis = _signals(gw, route, planned.targets, now, op)
     order = []
     for ranked, target in zip(d.order, planned.targets, strict=True):
         figure = gw.state.figure(target.key, route.fastest, now)
@@ -230,14 +252,30 @@ async def explain(request: web.Request) -> web.Response:
             "samples": gw.state.tracker.samples(target.key),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
+            **signals.get(target.name, {}),
         })
     return json_response({
         "route": name,
         "strategy": route.strategy,
+        **({"cost_basis": basis} if basis else {}),
         "order": order,
         "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
         "decision": d.header(),
     })
+
+
+def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str) -> tuple[dict[str, Any], str | None]:
+    """Each candidate's score signals, from the same pure function the planner used."""
+    if route.strategy != "score":
+        return {}, None
+    figures = {t.name: gw.state.figure(t.key, route.fastest, now) for t in targets}
+    scored, basis = score_targets(route.score, targets, figures, gw.state, op)
+    out = {
+        s.target.name: {"signals": {k: round(s.signal(k), 4) for k in ("speed", "cost", "health", "quality")},
+                        "score": round(s.total, 4)}
+        for s in scored
+    }
+    return out, basis
 
 
 def _presented_key(request: web.Request) -> str | None:
@@ -262,6 +300,8 @@ async def client_keys(request: web.Request, handler: Any) -> web.StreamResponse:
                 "authentication_error",
                 code="invalid_api_key",
             )
+            if request.path == "/v1/messages":
+                body = openai_error_to_anthropic(401, body)
             return error_response(401, body, request_id=new_id())
     return await handler(request)
 
@@ -322,6 +362,7 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     app.router.add_post("/v1/chat/completions", handler("chat"))
     app.router.add_post("/v1/completions", handler("completions"))
     app.router.add_post("/v1/embeddings", handler("embeddings"))
+    app.router.add_post("/v1/messages", messages)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/routes/{route}/explain", explain)

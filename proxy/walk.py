@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from .classify import Outcome, classify_exception, classify_status
 from .config import Config, Provider, Route, Target
 from .errors import error_body, error_type
-from .providers import ADAPTERS, Adapter, Call
-from .providers.base import StreamTranslator
+from .providers import Adapter, Call, adapter_for
+from .providers.anthropic_wire import TranslationError
+from .providers.base import StreamTranslator, UpstreamRequest
 from .routing.decision import Attempt
 from .state import State, TargetState
 from .state.limiter import Limiter
@@ -97,9 +98,14 @@ class Walker:
         result = WalkResult()
         for target in targets:
             provider = providers[target.provider]
-            adapter = ADAPTERS[provider.kind]
+            adapter = adapter_for(provider.kind, call.op)
+            try:
+                request = adapter.build(provider, target, call)
+            except TranslationError as exc:
+                _untranslatable(result, target, exc)
+                continue
             for n in range(target.retry + 1):
-                outcome = await self._attempt(result, route, target, provider, adapter, call)
+                outcome = await self._attempt(result, route, target, provider, adapter, call, request)
                 if outcome is None:  # committed, or a client error returned as it is
                     return result
                 hint = outcome.retry_after
@@ -113,13 +119,12 @@ class Walker:
         return result
 
     async def _attempt(self, result: WalkResult, route: Route, target: Target, provider: Provider,
-                       adapter: Adapter, call: Call) -> Outcome | None:
+                       adapter: Adapter, call: Call, request: UpstreamRequest) -> Outcome | None:
         """One try. Returns None when the walk is over (commit or client error), else the failure."""
         state = self.state
         ts = state.target(target.key)
         limiter = state.limiter(provider.name)
         transport = self.sim if provider.kind == "simulated" else self.http
-        request = adapter.build(provider, target, call)
         started = self.clock()
         acquired = False
         counted = False
@@ -176,7 +181,7 @@ class Walker:
                 result.attempts.append(Attempt(target.name, outcome.word, now - started))
                 result.status = status
                 result.headers = upstream.headers
-                result.body = first
+                result.body = adapter.client_error(call, status, first)
                 result.outcome = outcome
                 return None
             self._failed(result, route, target, ts, outcome, started,
@@ -208,3 +213,17 @@ class Walker:
             body = error_body(f"{target.name}: {outcome.message}", error_type(outcome.status),
                               code=outcome.word.replace(" ", "_"))
         result.body = body
+
+
+UNTRANSLATABLE = Outcome("untranslatable", False, 400, "no faithful equivalent in this target's API")
+
+
+def _untranslatable(result: WalkResult, target: Target, exc: TranslationError) -> None:
+    """A request this target's API cannot carry faithfully: record it and move on, without
+    counting against the target (the request, not the provider, is the cause). When no later
+    target answers, the client gets this 400 and its reason."""
+    result.attempts.append(Attempt(target.name, UNTRANSLATABLE.word, 0.0))
+    result.status = 400
+    result.headers = {"content-type": "application/json"}
+    result.body = error_body(f"{target.name}: {exc}", "invalid_request_error", code="untranslatable")
+    result.outcome = UNTRANSLATABLE

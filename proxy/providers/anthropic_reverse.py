@@ -34,6 +34,7 @@ class OpenAIStreamError(FirstbyteError):
         super().__init__(message)
         self.message = message
         self.type = type
+        self.partial = b""  # what the same feed() translated before the error: still the client's
 
 
 # OpenAI finish_reason -> Anthropic stop_reason. OpenAI does not say which stop sequence
@@ -292,17 +293,22 @@ class OpenAIStreamToAnthropic:
         """Return the complete Anthropic events that ``data`` finishes (maybe ``b""``);
         raise ``OpenAIStreamError`` on an error payload."""
         out = bytearray()
-        for _, raw in self._decoder.feed(data):
-            if self.done:
-                break
-            if raw.strip() == b"[DONE]":
-                out += self._start() + self._end()
-                continue
-            try:
-                chunk = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise OpenAIStreamError(f"malformed OpenAI stream chunk: {raw[:200]!r}", "invalid_stream") from exc
-            out += self._on_chunk(chunk)
+        try:
+            for _, raw in self._decoder.feed(data):
+                if self.done:
+                    break
+                if raw.strip() == b"[DONE]":
+                    out += self._start() + self._end()
+                    continue
+                try:
+                    chunk = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise OpenAIStreamError(f"malformed OpenAI stream chunk: {raw[:200]!r}",
+                                            "invalid_stream") from exc
+                out += self._on_chunk(chunk)
+        except OpenAIStreamError as exc:
+            exc.partial = bytes(out)
+            raise
         return bytes(out)
 
     def finish(self) -> bytes:

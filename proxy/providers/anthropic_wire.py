@@ -42,6 +42,7 @@ class AnthropicStreamError(FirstbyteError):
         super().__init__(message)
         self.message = message
         self.type = type
+        self.partial = b""  # what the same feed() translated before the error: still the client's
 
 
 # Anthropic stop_reason -> OpenAI finish_reason. Unknown reasons end as "stop".
@@ -376,16 +377,20 @@ class AnthropicStreamToOpenAI:
         """Return the complete OpenAI events that ``data`` finishes (maybe ``b""``); raise
         ``AnthropicStreamError`` on an ``error`` event."""
         out = bytearray()
-        for name, raw in self._decoder.feed(data):
-            if self.done:
-                break
-            try:
-                event = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise AnthropicStreamError(
-                    f"malformed Anthropic stream event: {raw[:200]!r}", "invalid_stream"
-                ) from exc
-            out += self._on_event(event.get("type") or name, event)
+        try:
+            for name, raw in self._decoder.feed(data):
+                if self.done:
+                    break
+                try:
+                    event = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise AnthropicStreamError(
+                        f"malformed Anthropic stream event: {raw[:200]!r}", "invalid_stream"
+                    ) from exc
+                out += self._on_event(event.get("type") or name, event)
+        except AnthropicStreamError as exc:
+            exc.partial = bytes(out)
+            raise
         return bytes(out)
 
     def _on_event(self, kind: str | None, event: Json) -> bytes:

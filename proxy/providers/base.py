@@ -45,7 +45,7 @@ class StreamTranslator(Protocol):
     """Turns one provider's stream bytes into the client's (OpenAI SSE) bytes, incrementally."""
 
     done: bool
-    usage: dict[str, int] | None
+    usage: dict[str, int] | None  # OpenAI-shape token counts, once the stream has said them
 
     def feed(self, data: bytes) -> bytes: ...
 
@@ -57,6 +57,10 @@ class Adapter(Protocol):
 
     def error_body(self, status: int, body: bytes) -> bytes:
         """The upstream's error in the OpenAI shape."""
+        ...
+
+    def client_error(self, call: Call, status: int, body: bytes) -> bytes:
+        """A 4xx returned to the client (not failover-safe), in the client's shape."""
         ...
 
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:

@@ -2,16 +2,21 @@
 
 The client already speaks this shape, so the adapter only swaps the model for
 the target's upstream model and puts the provider's key in ``Authorization``;
-answers pass through byte for byte.
+answers pass through byte for byte, except that a stream always asks for
+``stream_options.include_usage`` (to price the call) and the usage-only chunk
+that brings is removed again when the client did not ask for it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
 from ..config import Provider, Target
 from ..errors import normalise_upstream_error
 from .base import PATHS, Call, StreamTranslator, UpstreamRequest
+from .taps import OpenAIUsageTap
 
 _OVERFLOW_MARKERS = (
     b"context_length_exceeded",
@@ -32,6 +37,7 @@ class OpenAIAdapter:
     def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
         body = dict(call.body)
         body["model"] = target.model
+        with_usage(body, call)
         headers = {"content-type": "application/json"}
         if provider.api_key:
             headers["authorization"] = f"Bearer {provider.api_key}"
@@ -43,8 +49,18 @@ class OpenAIAdapter:
     def error_body(self, status: int, body: bytes) -> bytes:
         return normalise_upstream_error(status, body, f"upstream answered {status}")
 
+    def client_error(self, call: Call, status: int, body: bytes) -> bytes:
+        return body
+
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
         return body
 
     def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
-        return None
+        return OpenAIUsageTap(keep_usage_chunk=call.wants_usage) if call.stream else None
+
+
+def with_usage(body: dict[str, Any], call: Call) -> None:
+    """Ask a streamed chat or completion for its usage chunk, keeping the client's other options."""
+    if call.stream and call.op in ("chat", "completions"):
+        options = body.get("stream_options")
+        body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}

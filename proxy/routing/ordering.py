@@ -14,10 +14,15 @@ from typing import Protocol
 
 from ..config import Fastest, Route, Target, TargetKey
 from .decision import Ranked
+from .score import ScoreView, score
 
 
 class FigureView(Protocol):
     def figure(self, key: TargetKey, policy: Fastest, now: float) -> float | None: ...
+
+
+class OrderView(FigureView, ScoreView, Protocol):
+    """What ordering reads of the state snapshot."""
 
 
 Figures = dict[str, float | None]
@@ -111,14 +116,17 @@ def cheapest(targets: Sequence[Target], figures: Figures) -> tuple[list[Target],
 def order_targets(
     route: Route,
     targets: Sequence[Target],
-    state: FigureView,
+    state: OrderView,
     now: float,
     rng: random.Random,
     explore: bool = True,
+    op: str = "chat",
 ) -> tuple[list[Target], list[Ranked]]:
     """Rank ``targets`` by the route's strategy; ``explore=False`` is what explain shows."""
     figures: Figures = {t.name: state.figure(t.key, route.fastest, now) for t in targets}
     strategy = route.strategy
+    if strategy == "score":
+        return score(route.score, targets, figures, state, op)
     if strategy == "weighted":
         out, first = weighted(targets, figures, rng)
     elif strategy == "fastest":

@@ -15,10 +15,10 @@ from ..config import Config, Route, Target
 from ..errors import ClientError
 from .decision import Decision, Excluded, Ranked
 from .eligibility import HealthView, eligible, request_reason, static_reason
-from .ordering import FigureView, order_targets
+from .ordering import OrderView, order_targets
 
 
-class Snapshot(HealthView, FigureView, Protocol):
+class Snapshot(HealthView, OrderView, Protocol):
     """What the planner reads of the state."""
 
 
@@ -30,6 +30,7 @@ class Ask:
     model: str
     pin: str | None = None  # x-route-provider
     tokens: int | None = None  # estimated prompt + max_tokens, when a target declares a window
+    op: str = "chat"  # the operation, for the score strategy's measured cost per call
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,7 @@ def plan(
             )
 
     rest = [t for t in result.targets if t is not pinned]
-    out, ranked = order_targets(route, rest, state, now, rng, explore)
+    out, ranked = order_targets(route, rest, state, now, rng, explore, ask.op)
     if pinned is not None:
         fig = state.figure(pinned.key, route.fastest, now)
         detail = "pinned" if fig is None else f"pinned {fig:.2f}s"

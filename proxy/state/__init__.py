@@ -30,6 +30,9 @@ class State:
         self.tracker = Tracker(stale_after)
         self.targets: dict[TargetKey, TargetState] = {}
         self.limiters: dict[str, Limiter] = {}
+        # Measured mean USD per call by (target name, operation), refreshed from the ledger
+        # by a background task (observe/costs.py); the score strategy reads it.
+        self.costs: dict[tuple[str, str], float] = {}
 
     def target(self, key: TargetKey) -> TargetState:
         ts = self.targets.get(key)

@@ -1,0 +1,56 @@
+"""``/v1/messages`` to an OpenAI-shaped target (``openai``, ``simulated``).
+
+Wraps that kind's own adapter: the Anthropic request becomes a chat completion
+(``anthropic_reverse``), the inner adapter builds the upstream call, and the
+answer comes back as a Messages answer, streamed event by event. Errors stay in
+the OpenAI shape here; the ``/v1/messages`` handler reshapes whatever error
+the client finally gets, firstbyte's own included, in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import orjson
+
+from ..config import Provider, Target
+from .anthropic_reverse import (
+    OpenAIStreamToAnthropic,
+    anthropic_to_openai_request,
+    openai_to_anthropic_response,
+)
+from .anthropic_reverse import _event as anthropic_event
+from .base import Adapter, Call, StreamTranslator, UpstreamRequest
+
+__all__ = ["ReverseMessages"]
+
+
+class _MessagesStream(OpenAIStreamToAnthropic):
+    """The reverse stream translator, plus the relay's closing error event in Anthropic's shape."""
+
+    def error_event(self, message: str) -> bytes:
+        return anthropic_event("error", {"error": {"type": "api_error", "message": message}})
+
+
+class ReverseMessages:
+    def __init__(self, inner: Adapter) -> None:
+        self.inner = inner
+
+    def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
+        chat = anthropic_to_openai_request(call.body, target.model)
+        return self.inner.build(provider, target, replace(call, op="chat", body=chat))
+
+    def is_context_overflow(self, status: int, body: bytes) -> bool:
+        return self.inner.is_context_overflow(status, body)
+
+    def error_body(self, status: int, body: bytes) -> bytes:
+        return self.inner.error_body(status, body)
+
+    def client_error(self, call: Call, status: int, body: bytes) -> bytes:
+        return body
+
+    def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
+        return orjson.dumps(openai_to_anthropic_response(orjson.loads(body), target.model))
+
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
+        return _MessagesStream(target.model)

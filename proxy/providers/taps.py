@@ -1,0 +1,165 @@
+"""Usage taps: stream "translators" for answers that already have the client's shape.
+
+A passthrough stream still has to be counted, so these sit where a translator
+would (``lease.translator``) and return the bytes they are fed, whole events at
+a time. They only look inside an event when its block holds a usage object,
+which in practice is the last event or two of a stream: a regex search over
+each block is the whole cost of the common case.
+
+``OpenAIUsageTap`` also removes the usage-only chunk that firstbyte asked for
+(``stream_options.include_usage``) when the client itself did not ask for it,
+so such a client sees the stream it would have had without firstbyte.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from .anthropic_reverse import _event as anthropic_event
+from .anthropic_wire import AnthropicStreamError, usage_from_anthropic
+
+__all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+
+
+class _Framer:
+    """Cut bytes into complete SSE events; an event cut by a read waits for its end."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def complete(self, data: bytes) -> bytes:
+        """The complete events ``data`` finishes (the prefix up to the last blank line)."""
+        data = self._pending + data if self._pending else data
+        last = None
+        for last in _EVENT_END.finditer(data):  # noqa: B007 - only the last match matters
+            pass
+        if last is None:
+            self._pending = data
+            return b""
+        self._pending = data[last.end():]
+        return data[: last.end()]
+
+    def rest(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+def _events(block: bytes) -> list[bytes]:
+    """Split complete events, each keeping its own terminator so they rejoin unchanged."""
+    out: list[bytes] = []
+    start = 0
+    for match in _EVENT_END.finditer(block):
+        out.append(block[start : match.end()])
+        start = match.end()
+    if start < len(block):
+        out.append(block[start:])
+    return out
+
+
+def _data(event: bytes) -> bytes:
+    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
+    return b"\n".join(lines)
+
+
+class OpenAIUsageTap:
+    """Count an OpenAI-shape stream's usage; drop the usage-only chunk unless it was asked for."""
+
+    def __init__(self, keep_usage_chunk: bool) -> None:
+        self.keep = keep_usage_chunk
+        self.usage: dict[str, int] | None = None
+        self.done = False
+        self._framer = _Framer()
+
+    def feed(self, data: bytes) -> bytes:
+        block = self._framer.complete(data)
+        if not block or _USAGE_OBJECT.search(block) is None:
+            if b"[DONE]" in block:
+                self.done = True
+            return block
+        kept = []
+        for event in _events(block):
+            if _USAGE_OBJECT.search(event) is None or not self._count(event):
+                kept.append(event)
+        out = b"".join(kept)
+        if b"[DONE]" in out:
+            self.done = True
+        return out
+
+    def finish(self) -> bytes:
+        """An upstream that ended without ``[DONE]`` is passed on as it is: not ours to judge."""
+        self.done = True
+        return self._framer.rest()
+
+    def _count(self, event: bytes) -> bool:
+        """Record the event's usage; True when it is the usage-only chunk to drop."""
+        try:
+            chunk = orjson.loads(_data(event))
+        except orjson.JSONDecodeError:
+            return False
+        usage = chunk.get("usage") if isinstance(chunk, dict) else None
+        if not isinstance(usage, dict):
+            return False
+        prompt = usage.get("prompt_tokens") or 0
+        completion = usage.get("completion_tokens") or 0
+        self.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion}
+        return not self.keep and not chunk.get("choices")
+
+
+class AnthropicUsageTap:
+    """Count an Anthropic stream relayed as it is (``/v1/messages`` to an Anthropic target).
+
+    Usage arrives in ``message_start`` and cumulatively in ``message_delta``. An
+    ``error`` event raises :class:`AnthropicStreamError`, so the relay ends the
+    stream with its own error event and counts the failure against the target.
+    """
+
+    def __init__(self) -> None:
+        self.usage: dict[str, int] | None = None
+        self.done = False
+        self._framer = _Framer()
+        self._upstream: dict[str, int] = {}
+
+    def feed(self, data: bytes) -> bytes:
+        block = self._framer.complete(data)
+        if b'"message_stop"' in block:
+            self.done = True
+        if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
+            return block
+        events = _events(block)
+        for i, event in enumerate(events):
+            if b'"usage"' in event or b'"error"' in event:
+                try:
+                    self._inspect(event)
+                except AnthropicStreamError as exc:
+                    exc.partial = b"".join(events[:i])
+                    raise
+        return block
+
+    def finish(self) -> bytes:
+        return self._framer.rest()
+
+    def error_event(self, message: str) -> bytes:
+        """The relay's closing event for a failed stream, in Anthropic's shape."""
+        return anthropic_event("error", {"error": {"type": "api_error", "message": message}})
+
+    def _inspect(self, event: bytes) -> None:
+        try:
+            payload = orjson.loads(_data(event))
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(payload, dict):
+            return
+        if payload.get("type") == "error":
+            error = payload.get("error") or {}
+            raise AnthropicStreamError(error.get("message") or "Anthropic stream error",
+                                       error.get("type") or "api_error")
+        usage = payload.get("usage") or (payload.get("message") or {}).get("usage")
+        if isinstance(usage, dict):
+            self._upstream.update({k: v for k, v in usage.items() if isinstance(v, int)})
+            self.usage = usage_from_anthropic(self._upstream)

@@ -1,0 +1,61 @@
+"""Token counts and the price of one call.
+
+Usage comes from the answer the client got: a buffered body in the client's
+shape (OpenAI's ``usage`` or, on ``/v1/messages``, Anthropic's), or the stream
+translator that counted it on the way through. Cost is tokens times the
+served target's declared price (USD per million tokens); a target without a
+declared price has no cost, never a guessed one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import orjson
+
+from .config import Price
+from .providers.anthropic_wire import usage_from_anthropic
+from .routing.decision import Decision
+
+__all__ = ["cost_of", "priced", "usage_of_body"]
+
+Usage = dict[str, int]
+
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+
+
+def usage_of_body(op: str, body: bytes) -> Usage | None:
+    """OpenAI-shape counts (prompt, completion, total) from a buffered answer, if it has them."""
+    if _USAGE.search(body) is None:
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    if op == "messages":
+        return usage_from_anthropic(usage)
+    prompt = _int(usage.get("prompt_tokens"))
+    completion = _int(usage.get("completion_tokens"))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def cost_of(usage: Usage | None, price: Price | None) -> float | None:
+    """USD for one call; None when either the counts or the price is unknown."""
+    if not usage or price is None:
+        return None
+    return (usage.get("prompt_tokens", 0) * price.input + usage.get("completion_tokens", 0) * price.output) / 1e6
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def priced(decision: Decision, price: Price | None, usage: Usage | None) -> Decision:
+    """The decision with the served call's token counts and cost on it, for the observers."""
+    if not usage:
+        return decision
+    return replace(decision, usage=dict(usage), cost_usd=cost_of(usage, price))
