@@ -126,7 +126,8 @@ def plan(
             )
 
     rest = [t for t in result.targets if t is not pinned]
-    out, ranked = order_targets(route, rest, state, now, rng, explore)
+    # Behind a pin nobody leads, so exploring would only shuffle the fallback.
+    out, ranked = order_targets(route, rest, state, now, rng, explore and pinned is None)
     if pinned is not None:
         fig = state.figure(pinned.key, route.fastest, now)
         detail = "pinned" if fig is None else f"pinned {fig:.2f}s"
