@@ -5,7 +5,8 @@ reason: allow/deny, capability (the request's size, then the declared floors),
 credentials, health. (The pin is checked by the
 planner around these: a pinned target removed by a hard filter is a 400, not a
 silent re-route.) Health never empties a pool by itself: when it alone would
-remove every remaining target, the one soonest to reopen is kept.
+remove every remaining target, the one soonest to reopen is kept. Exclusions
+list the hard filters' removals in written order, then health's.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def capability_reason(route: Route, target: Target, tokens: int | None) -> str |
 
 
 def credentials_reason(target: Target, providers: Mapping[str, Provider]) -> str | None:
+    """An unset ``api_key_env`` excludes the provider's targets instead of failing the whole file."""
     provider = providers.get(target.provider)
     if provider is None or not provider.has_credentials:
         return "no credentials"
