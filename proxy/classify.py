@@ -2,7 +2,8 @@
 
 DESIGN.md "Walking the order": transport failures, timeouts, 408, 429, 5xx, the
 provider's context overflow and a full concurrency queue are failover-safe;
-any other 4xx goes back to the client as it is; a 2xx commits.
+any other 4xx goes back to the client as it is; a 2xx commits. ``busy`` moves on
+but says nothing about the provider (the limit is ours), so it never feeds the breaker.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class Outcome:
     status: int  # what the client gets if this is the last word: the upstream's, 502 or 504
     message: str
     retry_after: float | None = None
+    counts: bool = True  # counted against the target's health; not when the limit is our own
+
+
+BUSY = Outcome("busy", True, 503, "provider concurrency limit and queue are full", counts=False)
 
 
 def fails_over(status: int) -> bool:
@@ -62,7 +67,7 @@ def classify_status(status: int, headers: Mapping[str, str], overflow: bool) -> 
 def classify_exception(exc: BaseException) -> Outcome:
     """Map a failure before commit to an outcome; unknown exceptions propagate."""
     if isinstance(exc, Busy):
-        return Outcome("busy", True, 503, "provider concurrency limit and queue are full")
+        return BUSY
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return Outcome("timeout", True, 504, "upstream did not answer in time")
     if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLError):

@@ -14,7 +14,7 @@ import orjson
 
 from .config import Config, load_config
 from .errors import ConfigError
-from .routing.eligibility import request_reason, static_reason
+from .routing.eligibility import hard_reason
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -33,7 +33,7 @@ def describe(config: Config) -> str:
         rows = []
         for t in route.targets:
             provider = config.providers[t.provider]
-            status = static_reason(route, t) or request_reason(t, None, config.providers) or "ok"
+            status = hard_reason(route, t, None, config.providers) or "ok"
             price = "-" if t.price is None else f"{t.price.input:g}/{t.price.output:g}"
             rows.append([
                 t.name, provider.kind, t.model, str(t.retry), f"{t.weight:g}",

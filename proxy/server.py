@@ -29,7 +29,6 @@ from .request import estimate_tokens, parse_call, read_body
 from .routing.decision import HEADER, Decision
 from .routing.plan import Ask, plan
 from .routing.score import score_targets
-from .state.breaker import CLOSED
 from .usage import priced, usage_of_body
 
 log = logging.getLogger("firstbyte")
@@ -127,7 +126,7 @@ async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -
         return error_response(503, body, decision)
 
     assert gw.walker is not None
-    result = await gw.walker.walk(config, planned.route, planned.targets, call)
+    result = await gw.walker.walk(config, planned.route, planned.targets, call, rescued=planned.rescued)
     served = result.attempts[-1].name if result.lease is not None or 200 <= result.status < 300 else None
     decision = replace(decision, attempts=tuple(result.attempts), served=served, status=result.status)
     ex.decision, ex.status = decision, result.status
@@ -205,9 +204,6 @@ async def health(request: web.Request) -> web.Response:
             figure = gw.state.figure(target.key, route.fastest, now)
             age = gw.state.tracker.age(target.key, now)
             ts = gw.state.targets.get(target.key)
-            breaker = h.state
-            if breaker == CLOSED and h.cooling > 0:
-                breaker = "cooling"
             out.append({
                 "route": route.name,
                 "target": target.name,
@@ -216,9 +212,10 @@ async def health(request: web.Request) -> web.Response:
                 "figure_s": None if figure is None else round(figure, 4),
                 "samples": gw.state.tracker.samples(target.key),
                 "age_s": None if age is None else round(age, 3),
-                "breaker": breaker,
-                "reopens_in_s": round(h.reopens_in, 3),
-                "failures": h.failures,
+                "breaker": h.state,  # closed | open | half-open (next call probes) | probing
+                "seconds_left": round(h.seconds_left, 3),  # open: until the probe may go
+                "cooling_s": round(h.cooling, 3),  # a Retry-After cool-down still running
+                "failures": h.failures,  # consecutive failover-safe failures
                 "in_flight": 0 if ts is None else ts.in_flight,
             })
     return json_response({"targets": out})

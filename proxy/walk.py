@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .classify import Outcome, classify_exception, classify_status
+from .classify import BUSY, Outcome, classify_exception, classify_status
 from .config import Config, Provider, Route, Target
 from .errors import error_body, error_type
 from .providers import Adapter, Call, adapter_for
@@ -23,6 +23,7 @@ from .providers.anthropic_wire import TranslationError
 from .providers.base import StreamTranslator, UpstreamRequest
 from .routing.decision import Attempt
 from .state import State, TargetState
+from .state.breaker import PROBE, WAIT
 from .state.limiter import Limiter
 from .transport import HttpTransport, SimTransport, Upstream
 
@@ -31,6 +32,7 @@ MAX_ERROR_BODY = 64 * 1024
 MAX_BUFFERED_BODY = 64 * 1024 * 1024
 BACKOFF_BASE = 0.05
 BACKOFF_CAP = 2.0
+SKIPPED = Outcome("cooldown", True, 503, "breaker open or probing", counts=False)
 
 
 @dataclass(slots=True, eq=False)
@@ -93,7 +95,9 @@ class Walker:
         self.rng = rng or random.Random()
 
     async def walk(self, config: Config, route: Route, targets: tuple[Target, ...], call: Call,
-                   providers: Mapping[str, Provider] | None = None) -> WalkResult:
+                   providers: Mapping[str, Provider] | None = None, *,
+                   rescued: str | None = None) -> WalkResult:
+        """Try ``targets`` in order; ``rescued`` names the one health kept although unhealthy."""
         providers = config.providers if providers is None else providers
         result = WalkResult()
         for target in targets:
@@ -105,7 +109,10 @@ class Walker:
                 _untranslatable(result, target, exc)
                 continue
             for n in range(target.retry + 1):
-                outcome = await self._attempt(result, route, target, provider, adapter, call, request)
+                outcome = await self._attempt(result, route, target, provider, adapter, call, request,
+                                              target.name == rescued)
+                if outcome is SKIPPED:
+                    break
                 if outcome is None:  # committed, or a client error returned as it is
                     return result
                 hint = outcome.retry_after
@@ -119,16 +126,21 @@ class Walker:
         return result
 
     async def _attempt(self, result: WalkResult, route: Route, target: Target, provider: Provider,
-                       adapter: Adapter, call: Call, request: UpstreamRequest) -> Outcome | None:
+                       adapter: Adapter, call: Call, request: UpstreamRequest,
+                       rescue: bool = False) -> Outcome | None:
         """One try. Returns None when the walk is over (commit or client error), else the failure."""
         state = self.state
         ts = state.target(target.key)
         limiter = state.limiter(provider.name)
         transport = self.sim if provider.kind == "simulated" else self.http
         started = self.clock()
+        admitted = ts.breaker.begin(started, rescue=rescue)
+        if admitted == WAIT:
+            self._skipped(result, target, ts, started)
+            return SKIPPED
+        probe = admitted == PROBE
         acquired = False
         counted = False
-        probe = False
         upstream: Upstream | None = None
         verdict = False  # the breaker heard a success or failure for this attempt
         try:
@@ -139,7 +151,6 @@ class Walker:
                         acquired = True
                     ts.in_flight += 1
                     counted = True
-                    probe = ts.breaker.begin(started)
                     upstream = await transport.send(provider, request)
                     ok = 200 <= upstream.status < 300
                     first = await upstream.chunk() if ok else await upstream.read(MAX_ERROR_BODY)
@@ -148,9 +159,11 @@ class Walker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                outcome = classify_exception(exc)
+                # Timing out while queued for our own limit is busy, not the provider's fault.
+                queued = limiter is not None and not acquired and isinstance(exc, TimeoutError)
+                outcome = BUSY if queued else classify_exception(exc)
                 self._failed(result, route, target, ts, outcome, started)
-                verdict = True
+                verdict = outcome.counts
                 return outcome
 
             now = self.clock()
@@ -198,12 +211,22 @@ class Walker:
             if probe and not verdict:
                 ts.breaker.abandon_probe()
 
+    def _skipped(self, result: WalkResult, target: Target, ts: TargetState, now: float) -> None:
+        """The breaker opened (or its probe left) after planning: move on without calling it."""
+        result.attempts.append(Attempt(target.name, "cooldown", 0.0, True))
+        if result.outcome is None:  # otherwise the last upstream error stays the answer
+            reason = ts.breaker.health(now).reason
+            result.status = 503
+            result.headers = {}
+            result.body = error_body(f"{target.name}: {reason}", error_type(503), code="cooldown")
+
     def _failed(self, result: WalkResult, route: Route, target: Target, ts: TargetState,
                 outcome: Outcome, started: float, body: bytes | None = None) -> None:
         now = self.clock()
         result.attempts.append(Attempt(target.name, outcome.word, now - started, True))
-        ts.history.append(False)
-        ts.breaker.failure(now, route.cooldown)
+        if outcome.counts:
+            ts.history.append(False)
+            ts.breaker.failure(now, route.cooldown)
         if outcome.retry_after is not None:
             ts.breaker.cool(now + outcome.retry_after)
         result.outcome = outcome

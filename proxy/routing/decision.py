@@ -57,7 +57,7 @@ class Attempt:
     name: str
     outcome: str
     seconds: float
-    failover: bool = False  # the outcome was failover-safe (counted against the target)
+    failover: bool = False  # the walk moved on (failover-safe); busy and cooldown skips do not count
     ttfc: float | None = None  # time to first chunk when the upstream answered 2xx
 
 

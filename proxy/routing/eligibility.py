@@ -1,10 +1,12 @@
 """Eligibility: which targets may serve this request. It only ever subtracts.
 
 The filters run in a fixed order and each removed target gets exactly one
-reason: allow/deny, capability, credentials, health. (The pin is checked by the
+reason: allow/deny, capability (the request's size, then the declared floors),
+credentials, health. (The pin is checked by the
 planner around these: a pinned target removed by a hard filter is a 400, not a
 silent re-route.) Health never empties a pool by itself: when it alone would
-remove every remaining target, the one soonest to reopen is kept.
+remove every remaining target, the one soonest to reopen is kept. Exclusions
+list the hard filters' removals in written order, then health's.
 """
 
 from __future__ import annotations
@@ -29,35 +31,50 @@ class Eligible:
     rescued: str | None = None  # a target kept although health would remove it
 
 
-def static_reason(route: Route, target: Target) -> str | None:
-    """The load-time filters: allow/deny and the declared floors (``firstbyte check`` shows them)."""
+def access_reason(route: Route, target: Target) -> str | None:
+    """The route's allow and deny lists; the reason names the list that removed the target."""
     if route.allow and target.name not in route.allow:
-        return "not allowed"
+        return "not in allow"
     if target.name in route.deny:
         return "deny"
+    return None
+
+
+def capability_reason(route: Route, target: Target, tokens: int | None) -> str | None:
+    """Too small for this request, or below a declared floor (an undeclared value does not qualify)."""
+    if tokens is not None and target.context_window is not None and target.context_window < tokens:
+        return f"context {target.context_window} < {tokens}"
     if route.min_context_window is not None and (
         target.context_window is None or target.context_window < route.min_context_window
     ):
         declared = "undeclared" if target.context_window is None else str(target.context_window)
         return f"context window {declared} below min {route.min_context_window}"
-    if route.min_quality is not None and (
-        target.quality is None or target.quality < route.min_quality
-    ):
+    if route.min_quality is not None and (target.quality is None or target.quality < route.min_quality):
         declared = "undeclared" if target.quality is None else f"{target.quality:g}"
         return f"quality {declared} below min {route.min_quality:g}"
     return None
 
 
-def request_reason(
-    target: Target, tokens: int | None, providers: Mapping[str, Provider]
-) -> str | None:
-    """The per-request hard filters after allow/deny: capability, then credentials."""
-    if tokens is not None and target.context_window is not None and target.context_window < tokens:
-        return f"context {target.context_window} < {tokens}"
+def credentials_reason(target: Target, providers: Mapping[str, Provider]) -> str | None:
+    """An unset ``api_key_env`` excludes the provider's targets instead of failing the whole file."""
     provider = providers.get(target.provider)
     if provider is None or not provider.has_credentials:
         return "no credentials"
     return None
+
+
+def hard_reason(
+    route: Route, target: Target, tokens: int | None, providers: Mapping[str, Provider]
+) -> str | None:
+    """The hard filters in their fixed order; the first that removes the target gives the reason.
+
+    With ``tokens=None`` only the load-time ones speak, which is what ``firstbyte check`` shows.
+    """
+    return (
+        access_reason(route, target)
+        or capability_reason(route, target, tokens)
+        or credentials_reason(target, providers)
+    )
 
 
 def eligible(
@@ -67,11 +84,12 @@ def eligible(
     state: HealthView,
     now: float,
 ) -> Eligible:
+    """What may serve this request, and one reason for every target removed."""
     kept: list[Target] = []
     excluded: list[Excluded] = []
     unhealthy: list[tuple[Target, Health]] = []
     for target in route.targets:
-        reason = static_reason(route, target) or request_reason(target, tokens, providers)
+        reason = hard_reason(route, target, tokens, providers)
         if reason is not None:
             excluded.append(Excluded(target.name, reason))
             continue

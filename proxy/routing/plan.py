@@ -14,7 +14,7 @@ from typing import Protocol
 from ..config import Config, Route, Target
 from ..errors import ClientError
 from .decision import Decision, Excluded, Ranked
-from .eligibility import HealthView, eligible, request_reason, static_reason
+from .eligibility import HealthView, eligible, hard_reason
 from .ordering import OrderView, order_targets
 
 
@@ -38,6 +38,7 @@ class Plan:
     decision: Decision
     route: Route
     targets: tuple[Target, ...]  # in decision order
+    rescued: str | None = None  # kept by health's last resort: the walker tries it although unhealthy
 
 
 class Refused(ClientError):
@@ -57,6 +58,14 @@ def find_route(config: Config, model: str) -> tuple[Route, bool]:
     if sep and upstream and provider in config.providers:
         target = Target(name=provider, provider=provider, model=upstream)
         return Route(name=model, strategy="ordered", targets=(target,)), True
+    if sep:  # route names have no '/': this is a pin to a provider firstbyte does not know
+        names = ", ".join(sorted(config.providers)) or "none"
+        raise Refused(
+            400,
+            f"The model '{model}' pins provider '{provider}', which is not configured "
+            f"(providers: {names}); send provider/upstream-model or a route name.",
+            code="unknown_pin",
+        )
     known = ", ".join(sorted(config.routes)) or "none"
     raise Refused(
         404,
@@ -75,10 +84,18 @@ def plan(
     *,
     explore: bool = True,
 ) -> Plan:
+    """The order this request gets: pin check, eligibility, ordering; a blocked pin is a 400."""
     route, direct = find_route(config, ask.model)
     pinned: Target | None = None
     if direct:
         pinned = route.targets[0]
+        if ask.pin is not None and ask.pin != pinned.name:
+            raise Refused(
+                400,
+                f"x-route-provider '{ask.pin}' contradicts the model '{ask.model}', "
+                f"which already pins provider '{pinned.name}'.",
+                code="unknown_pin",
+            )
     elif ask.pin is not None:
         pinned = route.target(ask.pin)
         if pinned is None:
@@ -110,7 +127,8 @@ def plan(
             )
 
     rest = [t for t in result.targets if t is not pinned]
-    out, ranked = order_targets(route, rest, state, now, rng, explore, ask.op)
+    # Behind a pin nobody leads, so exploring would only shuffle the fallback.
+    out, ranked = order_targets(route, rest, state, now, rng, explore and pinned is None, ask.op)
     if pinned is not None:
         fig = state.figure(pinned.key, route.fastest, now)
         detail = "pinned" if fig is None else f"pinned {fig:.2f}s"
@@ -125,13 +143,13 @@ def plan(
         order=tuple(ranked),
         excluded=result.excluded,
     )
-    return Plan(decision, route, tuple(out))
+    return Plan(decision, route, tuple(out), result.rescued)
 
 
 def _pin_blocked(
     route: Route, target: Target, tokens: int | None, config: Config, state: Snapshot, now: float
 ) -> str | None:
-    reason = static_reason(route, target) or request_reason(target, tokens, config.providers)
+    reason = hard_reason(route, target, tokens, config.providers)
     if reason is not None:
         return reason
     health = state.health(target.key, now)

@@ -8,6 +8,7 @@ Retry-After cools the target down for the hinted time without opening it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..config import Cooldown
@@ -18,6 +19,8 @@ CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half-open"  # cooldown over: the next attempt is the probe
 PROBING = "probing"  # the probe is in flight: everyone else waits for its verdict
+
+GO, PROBE, WAIT = "go", "probe", "wait"  # what begin() allows an attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +38,12 @@ class Health:
 
     @property
     def reason(self) -> str:
+        """The exclusion reason; seconds round up so a closed-looking ``0s`` never shows."""
         if self.state == OPEN:
-            return f"breaker open {max(self.seconds_left, self.cooling):.0f}s"
+            return f"breaker open {math.ceil(max(self.seconds_left, self.cooling))}s"
         if self.state == PROBING:
             return "breaker probing"
-        return f"cooling down {self.cooling:.0f}s"
+        return f"cooling down {math.ceil(self.cooling)}s"
 
     @property
     def reopens_in(self) -> float:
@@ -68,12 +72,19 @@ class Breaker:
             return Health(OPEN, left, cooling, self.failures)
         return Health(HALF_OPEN, 0.0, cooling, self.failures)
 
-    def begin(self, now: float) -> bool:
-        """An attempt starts; returns True when it is the probe of an open breaker."""
-        if self.state == OPEN and not self.probing and now >= self.open_until:
+    def begin(self, now: float, *, rescue: bool = False) -> str:
+        """An attempt wants to start: ``GO``, ``PROBE`` (the one attempt after the cooldown) or ``WAIT``.
+
+        The planner saw a snapshot; by the time the walker reaches the target another
+        request may already be probing it, so the breaker itself lets only one through.
+        ``rescue`` is health's last resort (every target unhealthy): it goes without probing.
+        """
+        if self.state == CLOSED:
+            return GO
+        if not self.probing and now >= self.open_until:
             self.probing = True
-            return True
-        return False
+            return PROBE
+        return GO if rescue else WAIT
 
     def abandon_probe(self) -> None:
         """The probe ended with no verdict (client left): let the next request probe."""

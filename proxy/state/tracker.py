@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ..config import Fastest, TargetKey
 
@@ -48,7 +49,7 @@ class Series:
 
     def p50(self, window: int) -> float:
         n = min(window, len(self.samples))
-        recent = sorted(self.samples[i] for i in range(len(self.samples) - n, len(self.samples)))
+        recent = sorted(islice(reversed(self.samples), n))  # deque indexing is O(n) per item
         mid = n // 2
         return recent[mid] if n % 2 else (recent[mid - 1] + recent[mid]) / 2
 

@@ -1,0 +1,108 @@
+"""The ``x-route-decision`` header: exact format, the shipped parser, and what it refuses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from proxy.routing.decision import (
+    Attempt,
+    Decision,
+    Excluded,
+    HeaderError,
+    Ranked,
+    format_header,
+    parse_header,
+    scrub,
+)
+
+FULL = Decision(
+    id="7f3a9c",
+    route="chat",
+    strategy="fastest",
+    order=(Ranked("groq", "fastest 0.31s"), Ranked("openai", "0.82s"), Ranked("anthropic", "unmeasured")),
+    excluded=(Excluded("local", "breaker open 12s"), Excluded("premium", "deny")),
+    attempts=(Attempt("groq", "503", 0.04, True), Attempt("openai", "200", 0.79, False, 0.79)),
+    served="openai",
+)
+DESIGN_EXAMPLE = (
+    "id=7f3a9c; route=chat; strategy=fastest; order=groq(fastest 0.31s), openai(0.82s), anthropic(unmeasured); "
+    "excluded=local(breaker open 12s), premium(deny); attempts=groq(503 0.04s), openai(200 0.79s); served=openai"
+)
+
+
+def test_format_matches_the_design_example() -> None:
+    assert format_header(FULL) == FULL.header() == DESIGN_EXAMPLE
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        pytest.param(FULL, id="every-field"),
+        pytest.param(Decision("a1", "chat", "ordered", (Ranked("a", "written"),)), id="order-only"),
+        pytest.param(Decision("a1", "chat", "ordered", (), (Excluded("b", "deny"),)), id="empty-order"),
+        pytest.param(
+            Decision("a1", "gpt/x", "ordered", (Ranked("gpt", "pinned"),),
+                     attempts=(Attempt("gpt", "400 context overflow", 0.012),)),
+            id="direct-pin-multiword-outcome",
+        ),
+        pytest.param(
+            Decision("a1", "chat", "cheapest", (Ranked("c", "cheapest 2/M"), Ranked("b", "no price")),
+                     attempts=(Attempt("c", "cooldown", 0.0), Attempt("b", "busy", 0.0)), served=None),
+            id="cheapest-skipped-and-busy",
+        ),
+        pytest.param(
+            Decision("a1", "chat", "ordered", (Ranked("b", "soonest to reopen"),),
+                     (Excluded("a", "breaker open 20s"),)),
+            id="health-rescue",
+        ),
+    ],
+)
+def test_round_trip(decision: Decision) -> None:
+    parsed = parse_header(decision.header())
+    assert (parsed.id, parsed.route, parsed.strategy, parsed.served) == (
+        decision.id, decision.route, decision.strategy, decision.served)
+    assert parsed.order == tuple((r.name, r.detail) for r in decision.order)
+    assert parsed.excluded == tuple((e.name, e.reason) for e in decision.excluded)
+    assert parsed.attempt_names == [a.name for a in decision.attempts]
+    assert parsed.attempt_outcomes() == [(a.name, a.outcome) for a in decision.attempts]
+    assert parsed.first_reason == decision.first_reason
+
+
+def test_parsed_helpers() -> None:
+    parsed = parse_header(DESIGN_EXAMPLE)
+    assert parsed.order_names == ["groq", "openai", "anthropic"]
+    assert parsed.first_reason == "fastest"
+    assert parsed.excluded_reason("local") == "breaker open 12s"
+    assert parsed.excluded_reason("groq") is None
+    assert FULL.failovers == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        pytest.param("", "unexpected field", id="empty"),
+        pytest.param("id=1; route=chat; strategy=ordered", "missing field 'order'", id="missing-order"),
+        pytest.param("route=chat; strategy=ordered; order=a(written)", "missing field 'id'", id="missing-id"),
+        pytest.param("id=1; route=chat; strategy=x; order=a(written); colour=red", "unexpected field",
+                     id="unknown-field"),
+        pytest.param("id=1; id=2; route=chat; strategy=x; order=a(written)", "appears twice", id="duplicate-field"),
+        pytest.param("id=1;route=chat;strategy=x;order=a(written)", "missing field", id="no-space-separator"),
+        pytest.param("id=1; route=chat; strategy=x; order=a", "not name(detail)", id="item-without-detail"),
+        pytest.param("id=1; route=chat; strategy=x; order=a(written),b(x)", "not name(detail)",
+                     id="items-without-space"),
+        pytest.param("id=1; route=chat; strategy=x; order=a(b(c))", "not name(detail)", id="nested-parens"),
+        pytest.param("id=1; route chat; strategy=x; order=a(w)", "unexpected field", id="field-without-equals"),
+    ],
+)
+def test_malformed_headers_raise(value: str, says: str) -> None:
+    with pytest.raises(HeaderError, match=re.escape(says)):
+        parse_header(value)
+
+
+def test_scrub_keeps_upstream_words_inside_the_grammar() -> None:
+    text = scrub("bad (gateway); retry=later, please\n\u00e9")
+    assert not set(text) & set(";,()=\n")
+    d = Decision("a1", "chat", "ordered", (Ranked("a", text),))
+    assert parse_header(d.header()).order == (("a", text),)

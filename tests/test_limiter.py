@@ -1,0 +1,54 @@
+"""The concurrency limiter: a slot, a bounded queue, and busy at once beyond it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.state.limiter import Busy, Limiter
+
+
+async def test_limit_then_queue_then_busy() -> None:
+    lim = Limiter(limit=1, queue=1)
+    await lim.acquire()
+    waiter = asyncio.create_task(lim.acquire())
+    await asyncio.sleep(0)
+    assert lim.active == 1 and len(lim.waiters) == 1
+    with pytest.raises(Busy):
+        await lim.acquire()  # never an unbounded wait
+    lim.release()  # hands the slot to the waiter
+    await waiter
+    assert lim.active == 1 and not lim.waiters
+    lim.release()
+    assert lim.active == 0
+
+
+async def test_no_queue_means_busy_at_the_limit() -> None:
+    lim = Limiter(limit=2, queue=0)
+    await lim.acquire()
+    await lim.acquire()
+    with pytest.raises(Busy):
+        await lim.acquire()
+
+
+async def test_unlimited() -> None:
+    lim = Limiter(limit=0, queue=0)
+    for _ in range(100):
+        await lim.acquire()
+    assert lim.active == 100
+
+
+async def test_cancelled_waiter_gives_its_place_back() -> None:
+    lim = Limiter(limit=1, queue=1)
+    await lim.acquire()
+    waiter = asyncio.create_task(lim.acquire())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not lim.waiters
+    lim.release()
+    assert lim.active == 0
+    await lim.acquire()  # the queue place is free again
+    assert lim.active == 1

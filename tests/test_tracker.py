@@ -1,0 +1,73 @@
+"""Figures: EWMA per alpha, p50 over a window, min_samples, max_age, restart after staleness."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import Fastest
+from proxy.state.tracker import MAX_WINDOW, Tracker
+
+KEY = ("groq", "llama")
+
+
+def tracker(*samples: float, at: float = 100.0) -> Tracker:
+    tr = Tracker(stale_after=300)
+    for s in samples:
+        tr.record(KEY, s, at)
+    return tr
+
+
+@pytest.mark.parametrize(
+    ("samples", "policy", "figure"),
+    [
+        pytest.param((), Fastest(), None, id="no-samples-unmeasured"),
+        pytest.param((0.4,), Fastest(), 0.4, id="first-sample-is-the-figure"),
+        pytest.param((1.0, 0.0), Fastest(alpha=0.5), 0.5, id="ewma-half"),
+        pytest.param((1.0, 0.0, 0.0), Fastest(alpha=0.3), 0.49, id="ewma-alpha-0.3"),
+        pytest.param((0.1, 0.3, 0.2), Fastest(signal="p50"), 0.2, id="p50-odd"),
+        pytest.param((0.1, 0.3, 0.2, 0.9), Fastest(signal="p50"), 0.25, id="p50-even"),
+        pytest.param((5.0, 5.0, 0.1, 0.3), Fastest(signal="p50", window=2), 0.2, id="p50-newest-window"),
+        pytest.param((0.1, 0.2), Fastest(min_samples=3), None, id="below-min-samples"),
+        pytest.param((0.1, 0.2, 0.3), Fastest(min_samples=3, window=2), None, id="window-caps-min-samples"),
+    ],
+)
+def test_figure(samples: tuple[float, ...], policy: Fastest, figure: float | None) -> None:
+    got = tracker(*samples).figure(KEY, policy, 100.0)
+    assert got == (None if figure is None else pytest.approx(figure))
+
+
+def test_each_alpha_gets_its_own_figure_from_the_same_samples() -> None:
+    tr = tracker(1.0, 0.0)
+    assert tr.figure(KEY, Fastest(alpha=0.5), 100) == pytest.approx(0.5)
+    assert tr.figure(KEY, Fastest(alpha=1.0), 100) == 0.0
+    tr.record(KEY, 1.0, 101)  # both cached figures move on with the new sample
+    assert tr.figure(KEY, Fastest(alpha=0.5), 101) == pytest.approx(0.75)
+    assert tr.figure(KEY, Fastest(alpha=1.0), 101) == 1.0
+
+
+def test_figure_older_than_max_age_is_unmeasured() -> None:
+    tr = tracker(0.2, at=100.0)
+    policy = Fastest(max_age_secs=60)
+    assert tr.figure(KEY, policy, 160.0) == 0.2
+    assert tr.figure(KEY, policy, 160.5) is None
+    assert tr.age(KEY, 160.5) == 60.5
+
+
+def test_stale_series_restarts() -> None:
+    tr = tracker(9.0, 9.0, at=100.0)
+    tr.record(KEY, 0.1, 401.0)  # more than stale_after later: old samples describe another moment
+    assert tr.samples(KEY) == 1
+    assert tr.figure(KEY, Fastest(), 401.0) == 0.1
+
+
+def test_samples_age_and_retain() -> None:
+    tr = tracker(0.1, 0.2, at=50.0)
+    assert (tr.samples(KEY), tr.age(KEY, 55.0)) == (2, 5.0)
+    assert (tr.samples(("x", "y")), tr.age(("x", "y"), 55.0)) == (0, None)
+    tr.retain({("other", "m")})
+    assert tr.samples(KEY) == 0
+
+
+def test_memory_is_bounded() -> None:
+    tr = tracker(*([0.5] * (MAX_WINDOW + 10)))
+    assert tr.samples(KEY) == MAX_WINDOW
