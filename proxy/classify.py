@@ -77,7 +77,7 @@ def classify_exception(exc: BaseException) -> Outcome:
     if isinstance(exc, aiohttp.ClientConnectorError):
         return Outcome("refused", True, 502, f"cannot connect to upstream: {exc.os_error}")
     if isinstance(exc, BodyTooLarge):
-        return Outcome("too large", True, 502, str(exc))
+        return Outcome("oversized", True, 502, str(exc))
     if isinstance(exc, aiohttp.ClientError | OSError):
         return Outcome("reset", True, 502, f"upstream connection failed: {type(exc).__name__}")
     raise exc

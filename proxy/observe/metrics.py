@@ -38,7 +38,7 @@ NONE = "none"
 
 FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 FIRST_REASONS = frozenset(
-    {"fastest", "explore", "unmeasured", "pinned", "written", "weighted", "cheapest", "score", NONE}
+    {"fastest", "explore", "unmeasured", "pinned", "written", "weighted", "cheapest", "score", "soonest", NONE}
 )
 OUTCOME_WORDS = frozenset(
     {
@@ -55,6 +55,8 @@ OUTCOME_WORDS = frozenset(
         "cut",
         "idle",
         "cooldown",
+        "untranslatable",
+        "oversized",
         "error",
     }
 )
