@@ -2,7 +2,8 @@
 
     FirstbyteError
      ├── ConfigError        a routes file that does not validate (every problem, with its path)
-     └── ClientError        a request we refuse before routing (bad JSON, unknown route, bad pin…)
+     ├── ClientError        a request we refuse before routing (bad JSON, unknown route, bad pin…)
+     └── StreamError        an upstream stream that breaks after commit (an error event, bad framing)
 
 Upstream failures are not exceptions here: the walker classifies them into
 outcomes (see ``classify.py``), because most of them are expected and routine.
@@ -32,6 +33,16 @@ class ConfigError(FirstbyteError):
         self.problems = problems
         lines = "\n".join(f"  {p}" for p in problems)
         super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+class StreamError(FirstbyteError):
+    """A committed stream the upstream broke; ``partial`` is what was translated before the break."""
+
+    def __init__(self, message: str, type: str = "api_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.type = type
+        self.partial = b""  # what the same feed() translated before the error: still the client's
 
 
 class ClientError(FirstbyteError):

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import FirstbyteError
-from proxy.providers.anthropic_wire import SseDecoder, TranslationError, parse_arguments
+from ..errors import StreamError
+from .anthropic_wire import SseDecoder, TranslationError, parse_arguments
 
 __all__ = [
     "OpenAIStreamError",
@@ -27,14 +27,8 @@ __all__ = [
 Json = dict[str, Any]
 
 
-class OpenAIStreamError(FirstbyteError):
+class OpenAIStreamError(StreamError):
     """An ``error`` payload (or broken framing) inside an OpenAI stream already committed."""
-
-    def __init__(self, message: str, type: str = "api_error") -> None:
-        super().__init__(message)
-        self.message = message
-        self.type = type
-        self.partial = b""  # what the same feed() translated before the error: still the client's
 
 
 # OpenAI finish_reason -> Anthropic stop_reason. OpenAI does not say which stop sequence

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import FirstbyteError, error_body, error_type
+from ..errors import FirstbyteError, StreamError, error_body, error_type
 
 __all__ = [
     "AnthropicStreamError",
@@ -35,14 +35,8 @@ class TranslationError(FirstbyteError):
     """A request that has no faithful equivalent in the other API (answer it as a 400)."""
 
 
-class AnthropicStreamError(FirstbyteError):
+class AnthropicStreamError(StreamError):
     """An ``error`` event (or broken framing) inside an Anthropic stream already committed."""
-
-    def __init__(self, message: str, type: str = "api_error") -> None:
-        super().__init__(message)
-        self.message = message
-        self.type = type
-        self.partial = b""  # what the same feed() translated before the error: still the client's
 
 
 # Anthropic stop_reason -> OpenAI finish_reason. Unknown reasons end as "stop".
