@@ -32,7 +32,8 @@ class FakeUpstream:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = orjson.loads(raw) if raw else None
-        self.calls.append({"path": request.path, "headers": {str(k): v for k, v in request.headers.items()}, "json": body})
+        headers = {str(k): v for k, v in request.headers.items()}
+        self.calls.append({"path": request.path, "headers": headers, "json": body})
         handler = self.handlers.get(request.path) or self.handlers.get("*")
         if handler is None:
             return web.json_response({"error": {"message": "no handler"}}, status=404)

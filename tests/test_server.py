@@ -43,7 +43,8 @@ async def _close_clients():
 async def two_targets(upstreams, proxy, first_handler, second_handler=None, **extra):
     a = await upstreams({"/v1/chat/completions": first_handler})
     b = await upstreams({"/v1/chat/completions": second_handler or ok_handler("from-b")})
-    targets = [{"provider": "a", "model": "model-a", **extra.pop("a_target", {})}, {"provider": "b", "model": "model-b"}]
+    targets = [{"provider": "a", "model": "model-a", **extra.pop("a_target", {})},
+               {"provider": "b", "model": "model-b"}]
     providers = {"a": openai_provider(a.url, **extra.pop("a_provider", {})), "b": openai_provider(b.url)}
     p = await proxy(route_config(targets, providers, **extra))
     return a, b, p
@@ -52,7 +53,8 @@ async def two_targets(upstreams, proxy, first_handler, second_handler=None, **ex
 async def test_buffered_chat_through_openai_sdk(upstreams, proxy):
     up = await upstreams({"/v1/chat/completions": ok_handler("hello")})
     p = await proxy(
-        route_config([{"provider": "up", "model": "gpt-upstream"}], {"up": openai_provider(up.url, api_key_env="UP_KEY")}),
+        route_config([{"provider": "up", "model": "gpt-upstream"}],
+                     {"up": openai_provider(up.url, api_key_env="UP_KEY")}),
         env={"UP_KEY": "provider-secret"},
     )
     raw = await client(p.url).chat.completions.with_raw_response.create(**CHAT)
@@ -110,7 +112,7 @@ async def test_upstream_credential_and_hop_headers_never_come_back(upstreams, pr
     ],
 )
 async def test_failover_safe_statuses_move_on(upstreams, proxy, first, outcome):
-    a, b, p = await two_targets(upstreams, proxy, first)
+    _a, _b, p = await two_targets(upstreams, proxy, first)
     status, headers, body = await p.post("/v1/chat/completions", CHAT)
     assert status == 200, body
     assert orjson.loads(body)["choices"][0]["message"]["content"] == "from-b"
@@ -120,9 +122,9 @@ async def test_failover_safe_statuses_move_on(upstreams, proxy, first, outcome):
 
 
 async def test_retry_after_cools_the_target_down(upstreams, proxy):
-    a, b, p = await two_targets(upstreams, proxy, status_handler(429, headers={"retry-after": "7"}))
+    a, _b, p = await two_targets(upstreams, proxy, status_handler(429, headers={"retry-after": "7"}))
     await p.post("/v1/chat/completions", CHAT)
-    status, headers, _ = await p.post("/v1/chat/completions", CHAT)
+    _status, headers, _ = await p.post("/v1/chat/completions", CHAT)
     d = decision_of(headers)
     assert d.excluded_reason("a") == "cooling down 7s"
     assert d.attempt_names == ["b"]
@@ -130,7 +132,7 @@ async def test_retry_after_cools_the_target_down(upstreams, proxy):
 
 
 async def test_422_is_returned_unchanged_without_failover(upstreams, proxy):
-    a, b, p = await two_targets(upstreams, proxy, status_handler(422, "messages[0].role: bad role"))
+    _a, b, p = await two_targets(upstreams, proxy, status_handler(422, "messages[0].role: bad role"))
     status, headers, body = await p.post("/v1/chat/completions", CHAT)
     assert status == 422
     assert orjson.loads(body)["error"]["message"] == "messages[0].role: bad role"
@@ -170,7 +172,7 @@ async def test_hang_past_first_chunk_times_out_and_fails_over(upstreams, proxy):
         await asyncio.sleep(30)
         raise AssertionError("unreachable")
 
-    a, b, p = await two_targets(upstreams, proxy, hang, a_provider={"timeouts": {"first_chunk": 0.3}})
+    _a, _b, p = await two_targets(upstreams, proxy, hang, a_provider={"timeouts": {"first_chunk": 0.3}})
     status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 200
     assert decision_of(headers).attempt_outcomes() == [("a", "timeout"), ("b", "200")]
@@ -183,7 +185,7 @@ async def test_streamed_first_chunk_that_never_comes_times_out(upstreams, proxy)
         await asyncio.sleep(30)
         return response
 
-    a, b, p = await two_targets(upstreams, proxy, headers_only, a_provider={"timeouts": {"first_chunk": 0.3}})
+    _a, _b, p = await two_targets(upstreams, proxy, headers_only, a_provider={"timeouts": {"first_chunk": 0.3}})
     status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 200
     assert decision_of(headers).attempt_outcomes() == [("a", "timeout"), ("b", "200")]
@@ -195,7 +197,7 @@ async def test_retries_on_one_target_before_moving_on(upstreams, proxy):
     async def flaky(request: web.Request) -> web.StreamResponse:
         return await next(answers)(request)
 
-    a, b, p = await two_targets(upstreams, proxy, flaky, a_target={"retry": 1})
+    _a, b, p = await two_targets(upstreams, proxy, flaky, a_target={"retry": 1})
     status, headers, body = await p.post("/v1/chat/completions", CHAT)
     assert status == 200
     assert orjson.loads(body)["choices"][0]["message"]["content"] == "second try"
@@ -204,7 +206,7 @@ async def test_retries_on_one_target_before_moving_on(upstreams, proxy):
 
 
 async def test_all_failed_returns_the_last_error_in_openai_shape(upstreams, proxy):
-    a, b, p = await two_targets(upstreams, proxy, status_handler(503, "a down"), status_handler(500, "b broke"))
+    _a, _b, p = await two_targets(upstreams, proxy, status_handler(503, "a down"), status_handler(500, "b broke"))
     status, headers, body = await p.post("/v1/chat/completions", CHAT)
     assert status == 500
     err = orjson.loads(body)["error"]
@@ -317,7 +319,7 @@ async def test_failure_after_commit_ends_the_stream_with_an_error_event(raw_upst
 
     up = await raw_upstreams(cut)
     p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
-    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    status, _headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 200
     events = [e for e in body.split(b"\n\n") if e]
     assert b"partial" in events[0]
