@@ -47,7 +47,7 @@ class Service:
         self.config_path = config_path
         self.listen = listen or config.listen
         self.gateway = Gateway(config, observers=make_observers(config))
-        self.notifier = Notifier.from_env()
+        self.notifier = Notifier()  # reads NOTIFY_SOCKET from the environment
         self.stopping = asyncio.Event()
         self.runner: web.AppRunner | None = None
 
