@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 import urllib.error
@@ -106,9 +105,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from .service import run
     from .simserver import serve_simulator
 
-    return asyncio.run(serve_simulator(args))
+    return run(lambda: serve_simulator(args))  # uvloop, like serve: benchmarks share its cost
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:

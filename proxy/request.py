@@ -15,8 +15,10 @@ CHARS_PER_TOKEN = 4  # a deliberately rough estimate: only used against declared
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` without reading it all into memory."""
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(request.content_length, limit)
+    if request.content_length is not None:
+        if request.content_length > limit:
+            raise _too_large(request.content_length, limit)
+        return await request.read()  # the length is known and allowed: one read, no list
     parts: list[bytes] = []
     size = 0
     while data := await request.content.readany():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -37,8 +36,11 @@ HUB = web.AppKey("hub", Hub)
 JSON = "application/json"
 
 
+_ids = random.Random()  # seeded from os.urandom once; ids need to be unique, not secret
+
+
 def new_id() -> str:
-    return os.urandom(6).hex()
+    return f"{_ids.getrandbits(48):012x}"  # os.urandom per request was ~5% of a buffered call's CPU
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -63,7 +63,8 @@ async def stats(request: web.Request) -> web.Response:
     knobs = sim.current()
     return web.json_response({"name": sim.name, "served": sim.served,
                               "first_chunk_ms": knobs.first_chunk_ms,
-                              "fail_rate": knobs.fail_rate})
+                              "fail_rate": knobs.fail_rate,
+                              "elapsed_s": sim.clock() - sim.started})  # where it is in its schedule
 
 
 def build_sim_app(sim: Simulator) -> web.Application:

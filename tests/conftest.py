@@ -253,3 +253,14 @@ def route_config(
 
 def openai_provider(url: str, **extra: Any) -> dict[str, Any]:
     return {"kind": "openai", "base_url": url + "/v1", **extra}
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault drill's figures (requests, faults, fds and RSS), when it ran."""
+    import sys
+
+    drill = sys.modules.get("tests.test_fault_drill")
+    if drill is not None and drill.FIGURES:
+        terminalreporter.section("fault drill")
+        for line in drill.FIGURES:
+            terminalreporter.write_line(line)

@@ -5,8 +5,9 @@ timings, tokens, cost) and ends with the full ``x-route-decision`` value, so one
 line explains one request. It never carries content or keys: the Finished
 record has none, and nothing here reaches for more.
 
-Writes are buffered in memory and flushed by a short-lived task this observer
-owns, at most every ``FLUSH_SECS``, and on :meth:`AccessLog.close`. A flush is
+Finished records are buffered in memory and formatted and flushed by a
+short-lived task this observer owns, at most every ``FLUSH_SECS``, and on
+:meth:`AccessLog.close`: formatting never runs on a request's own path. A flush is
 one ``write`` + ``flush`` of the joined lines to the page cache; that is cheap
 enough to do on the loop, and batching keeps it to a few syscalls per interval
 however busy the proxy is. A buffer that grows past ``MAX_BUFFERED`` lines
@@ -125,7 +126,7 @@ class AccessLog:
         self._format = format_json if config.format == "json" else format_text
         self._owns_stream = stream is None and config.path != "-"
         self._stream: TextIO | None = stream if stream is not None else self._open()
-        self._buffer: list[str] = []
+        self._buffer: list[Finished] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.dropped = 0
@@ -142,7 +143,7 @@ class AccessLog:
         if len(self._buffer) >= MAX_BUFFERED:
             self.dropped += 1
             return
-        self._buffer.append(self._format(finished))
+        self._buffer.append(finished)
         if self._task is not None:
             return
         try:
@@ -165,7 +166,13 @@ class AccessLog:
             return
         lines, self._buffer = self._buffer, []
         try:
-            self._stream.write("\n".join(lines) + "\n")
+            text = "\n".join(map(self._format, lines)) + "\n"
+        except Exception:  # a formatting bug must not kill the flush task or lose the stream
+            log.exception("access log: cannot format %d lines", len(lines))
+            self.dropped += len(lines)
+            return
+        try:
+            self._stream.write(text)
             self._stream.flush()
         except (OSError, ValueError) as exc:
             self.dropped += len(lines)

@@ -50,6 +50,9 @@ class Health:
         return 0.0 if self.state == PROBING else max(self.seconds_left, self.cooling)
 
 
+_HEALTHY = Health(CLOSED, 0.0, 0.0, 0)
+
+
 class Breaker:
     __slots__ = ("cool_until", "cooldown", "failures", "open_until", "probing", "state")
 
@@ -64,6 +67,8 @@ class Breaker:
     def health(self, now: float) -> Health:
         cooling = max(0.0, self.cool_until - now)
         if self.state == CLOSED:
+            if not cooling and not self.failures:
+                return _HEALTHY  # the common case: no record to build per request
             return Health(CLOSED, 0.0, cooling, self.failures)
         if self.probing:
             return Health(PROBING, 0.0, cooling, self.failures)

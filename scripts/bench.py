@@ -1,0 +1,425 @@
+"""scripts/bench: what firstbyte adds, measured against a direct connection and the floor.
+
+One invocation starts, on loopback: a ``firstbyte simulate`` upstream with a
+small first-chunk delay (so overhead is visible), the floor
+(``scripts/floor.py``: the smallest aiohttp relay), firstbyte serving a
+one-target route and a five-target ``fastest`` route, and a load generator in
+its own process (``scripts/loadgen.py``). For each repeat every phase runs
+against all four in turn (direct, floor, firstbyte-1, firstbyte-5):
+
+- buffered and streamed calls at concurrency 1, 64 and 512: latency p50/p99,
+  time to first chunk, requests per second (closed loop);
+- long streams: ``--streams`` calls of ``--stream-chunks`` chunks at
+  ``--chunk-rate`` chunks/s held at once through a freshly started floor and
+  firstbyte, with each proxy's CPU share and memory per held stream (RSS delta
+  / streams, from /proc).
+
+"Added" figures are the proxy's minus the direct connection's from the same
+repeat; the report gives the median over repeats and every firstbyte figure as
+a ratio to the floor's. All processes share the machine's cores (2 here), so
+the load generator competes with the proxy: read ratios, not absolutes.
+Results go to stdout as a table and to ``bench-results/bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+BODY = {"model": "one", "messages": [{"role": "user", "content": "Say hello in eight words."}],
+        "max_tokens": 16}
+PATH = "/v1/chat/completions"
+TARGETS = ("direct", "floor", "fb1", "fb5")
+GOALS = {"added_c1": 1.25, "rps_c64": 0.8, "mem_per_stream": 1.5}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} never opened")
+
+
+class Procs:
+    """Child processes started by the bench, all stopped at the end."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, args: list[str], port: int) -> subprocess.Popen[bytes]:
+        log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.procs.append(proc)
+        wait_port(port, proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.procs):
+            self.stop(proc)
+
+
+def simulate(procs: Procs, name: str, port: int, first_ms: float, chunk_ms: float, chunks: int) -> None:
+    procs.start(name, [str(BIN / "firstbyte"), "simulate", "--port", str(port),
+                       "--first-chunk-ms", str(first_ms), "--jitter-ms", "0",
+                       "--chunk-ms", str(chunk_ms), "--chunks", str(chunks), "--seed", "1"], port)
+
+
+def floor(procs: Procs, name: str, port: int, upstream: int) -> subprocess.Popen[bytes]:
+    return procs.start(name, [sys.executable, str(ROOT / "scripts" / "floor.py"), "--port", str(port),
+                              "--upstream", f"http://127.0.0.1:{upstream}"], port)
+
+
+def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path) -> subprocess.Popen[bytes]:
+    """firstbyte with route ``one`` (one target) and ``five`` (fastest over five providers)."""
+    providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
+    config = {
+        "listen": f"127.0.0.1:{port}",
+        "access_log": {"format": "text", "path": "/dev/null"},
+        "providers": providers,
+        "routes": {
+            "one": {"strategy": "ordered", "targets": [{"provider": "p1", "model": "sim"}]},
+            "five": {"strategy": "fastest",
+                     "targets": [{"provider": p, "model": "sim"} for p in providers]},
+        },
+    }
+    path = tmp / f"{name}.json"  # JSON is YAML
+    path.write_text(json.dumps(config))
+    return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
+
+
+class Loadgen:
+    """The load generator process, one JSON command at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "loadgen.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
+        assert self.read()["event"] == "ready"
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("load generator died")
+        return orjson.loads(line)
+
+    def send(self, cmd: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(orjson.dumps(cmd) + b"\n")
+        self.proc.stdin.flush()
+
+    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self.send(cmd)
+        return self.read()
+
+    def close(self) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            self.send({"op": "quit"})
+        self.proc.wait(10)
+
+
+def cpu_secs(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarise(raw: dict[str, Any]) -> dict[str, float]:
+    lat, ttfc = raw["lat"], raw["ttfc"]
+    return {"p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
+            "ttfc_p50_ms": pct(ttfc, 0.5) * 1e3, "rps": len(lat) / raw["elapsed"] if raw["elapsed"] else 0.0,
+            "n": len(lat), "errors": raw["errors"]}
+
+
+def latency_phases(args: argparse.Namespace, gen: Loadgen, ports: dict[str, int]) -> dict[str, Any]:
+    """Every (mode, concurrency) phase against every target, interleaved so drift hits all alike."""
+    out: dict[str, Any] = {}
+    for stream in (False, True):
+        mode = "streamed" if stream else "buffered"
+        for conc in args.concurrency:
+            phase = out.setdefault(f"{mode}/c{conc}", {})
+            for target in TARGETS:
+                body = {**BODY, "model": "five" if target == "fb5" else "one"}
+                cmd: dict[str, Any] = {"op": "run", "url": f"http://127.0.0.1:{ports[target]}{PATH}",
+                                       "body": body, "stream": stream, "concurrency": conc}
+                if conc == 1:
+                    cmd.update(requests=args.c1_requests, warmup=20)
+                else:
+                    cmd.update(duration=args.duration, warmup=args.warmup)
+                phase[target] = summarise(gen.call(cmd))
+    return out
+
+
+@contextlib.contextmanager
+def sampler(pids: dict[str, int]) -> Iterator[dict[str, list[int]]]:
+    """RSS of each process every 0.2 s, in a thread, while the block runs."""
+    samples: dict[str, list[int]] = {name: [] for name in pids}
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.2):
+            for name, pid in pids.items():
+                with contextlib.suppress(OSError):
+                    samples[name].append(rss_bytes(pid))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
+def hold_phase(args: argparse.Namespace, procs: Procs, gen: Loadgen, long_port: int,
+               tmp: Path) -> dict[str, Any]:
+    """Long streams through a fresh floor and a fresh firstbyte: CPU share, memory per stream."""
+    out: dict[str, Any] = {}
+    for target in ("floor", "fb1"):
+        port = free_port()
+        proc = (floor(procs, "hold-floor", port, long_port) if target == "floor"
+                else firstbyte(procs, "hold-fb", port, long_port, tmp))
+        url = f"http://127.0.0.1:{port}{PATH}"
+        gen.call({"op": "run", "url": url, "body": BODY, "stream": True, "concurrency": 4, "requests": 8})
+        time.sleep(0.3)
+        base = rss_bytes(proc.pid)
+        pids = {"proxy": proc.pid, "loadgen": gen.proc.pid}
+        gen.send({"op": "hold", "url": url, "body": BODY, "streams": args.streams, "ramp": args.ramp})
+        with sampler(pids) as samples:
+            held = gen.read()
+            assert held["event"] == "held"
+            t0, cpu0 = time.monotonic(), {n: cpu_secs(p) for n, p in pids.items()}
+            during = len(samples["proxy"])
+            done = gen.read()
+            t1, cpu1 = time.monotonic(), {n: cpu_secs(p) for n, p in pids.items()}
+        window = samples["proxy"][during:] or [rss_bytes(proc.pid)]
+        peak = statistics.median(window)  # RSS while every stream is held, median of samples
+        wall = max(t1 - t0, 1e-9)
+        ok = args.streams - done["errors"]
+        expected = (args.stream_chunks + 2) * args.streams  # chunks + stop + [DONE]
+        out[target] = {
+            "streams": args.streams, "errors": done["errors"], "held_after_s": held["after"],
+            "elapsed_s": done["elapsed"], "events_share": done["events"] / expected,
+            "rss_base_mb": base / 2**20, "rss_held_mb": peak / 2**20,
+            "kb_per_stream": (peak - base) / 1024 / max(ok, 1),
+            "cpu_share": (cpu1["proxy"] - cpu0["proxy"]) / wall,
+            "loadgen_cpu_share": (cpu1["loadgen"] - cpu0["loadgen"]) / wall,
+        }
+        procs.stop(proc)
+    return out
+
+
+def median_of(runs: list[dict[str, Any]], *path: str) -> float:
+    values = []
+    for run in runs:
+        node: Any = run
+        for key in path:
+            node = node[key]
+        values.append(node)
+    return statistics.median(values)
+
+
+def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Medians over repeats: added latency over direct, ratios to the floor, goals."""
+    rows: dict[str, Any] = {}
+    for phase in runs[0]["latency"]:
+        row: dict[str, Any] = {}
+        for target in TARGETS:
+            m = {k: median_of(runs, "latency", phase, target, k) for k in ("p50_ms", "p99_ms", "ttfc_p50_ms", "rps")}
+            if target != "direct":
+                for k in ("p50_ms", "p99_ms", "ttfc_p50_ms"):
+                    added = [r["latency"][phase][target][k] - r["latency"][phase]["direct"][k] for r in runs]
+                    m[f"added_{k}"] = statistics.median(added)
+            row[target] = m
+        for target in ("fb1", "fb5"):
+            ratios = {}
+            for k in ("added_p50_ms", "added_p99_ms", "added_ttfc_p50_ms", "rps"):
+                floor_value = row["floor"][k]
+                ratios[k] = row[target][k] / floor_value if floor_value > 0 else float("nan")
+            row[target]["vs_floor"] = ratios
+        rows[phase] = row
+    hold: dict[str, Any] = {}
+    if runs[0].get("hold"):
+        for target in ("floor", "fb1"):
+            hold[target] = {k: median_of(runs, "hold", target, k) for k in runs[0]["hold"][target]}
+        hold["fb1"]["vs_floor"] = {
+            k: hold["fb1"][k] / hold["floor"][k] if hold["floor"][k] else float("nan")
+            for k in ("kb_per_stream", "cpu_share")
+        }
+    c = args.concurrency
+    mid = 64 if 64 in c else c[len(c) // 2]
+    goals = {
+        "added_c1_buffered": rows["buffered/c1"]["fb1"]["vs_floor"]["added_p50_ms"] if 1 in c else None,
+        "added_c1_streamed": rows["streamed/c1"]["fb1"]["vs_floor"]["added_p50_ms"] if 1 in c else None,
+        f"rps_c{mid}": rows[f"buffered/c{mid}"]["fb1"]["vs_floor"]["rps"],
+        "mem_per_stream": hold["fb1"]["vs_floor"]["kb_per_stream"] if hold else None,
+    }
+    limits = {"added_c1_buffered": ("<=", 1.25), "added_c1_streamed": ("<=", 1.25),
+              f"rps_c{mid}": (">=", 0.8), "mem_per_stream": ("<=", 1.5)}
+    verdict = {}
+    for k, v in goals.items():
+        op, lim = limits[k]
+        verdict[k] = {"ratio": v, "goal": f"{op} {lim}",
+                      "met": None if v is None else (v <= lim if op == "<=" else v >= lim)}
+    return {"phases": rows, "hold": hold, "goals": verdict}
+
+
+def fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None or v != v else format(v, spec)
+
+
+def print_table(summary: dict[str, Any], meta: dict[str, Any]) -> None:
+    print(f"\nfirstbyte bench — {meta['repeats']} repeats, medians; {meta['cores']} cores shared by "
+          "upstream, proxy and load generator (separate processes); added = proxy - direct, same repeat\n")
+    head = (f"{'phase':<14}{'direct p50':>11}{'floor +p50':>11}{'fb1 +p50':>10}{'xfloor':>8}{'fb5 +p50':>10}"
+            f"{'xfloor':>8}{'floor +p99':>11}{'fb1 +p99':>10}{'xfloor':>8}{'+ttfc fl':>10}{'+ttfc fb1':>10}"
+            f"{'rps dir':>9}{'rps fl':>8}{'rps fb1':>8}{'xfloor':>8}{'rps fb5':>8}")
+    print(head)
+    print("-" * len(head))
+    for phase, row in summary["phases"].items():
+        fb1, fb5, fl = row["fb1"], row["fb5"], row["floor"]
+        print(f"{phase:<14}{fmt(row['direct']['p50_ms']):>11}{fmt(fl['added_p50_ms']):>11}"
+              f"{fmt(fb1['added_p50_ms']):>10}{fmt(fb1['vs_floor']['added_p50_ms']):>8}"
+              f"{fmt(fb5['added_p50_ms']):>10}{fmt(fb5['vs_floor']['added_p50_ms']):>8}"
+              f"{fmt(fl['added_p99_ms']):>11}{fmt(fb1['added_p99_ms']):>10}{fmt(fb1['vs_floor']['added_p99_ms']):>8}"
+              f"{fmt(fl['added_ttfc_p50_ms']):>10}{fmt(fb1['added_ttfc_p50_ms']):>10}"
+              f"{fmt(row['direct']['rps'], '.0f'):>9}{fmt(fl['rps'], '.0f'):>8}{fmt(fb1['rps'], '.0f'):>8}"
+              f"{fmt(fb1['vs_floor']['rps']):>8}{fmt(fb5['rps'], '.0f'):>8}")
+    print("(latencies in ms; +p50 = added over direct; xfloor = firstbyte's figure / the floor's)")
+    hold = summary["hold"]
+    if hold:
+        print(f"\nlong streams: {meta['streams']} streams x {meta['stream_chunks']} chunks at "
+              f"{meta['chunk_rate']:g} chunks/s, held at once")
+        print(f"{'proxy':<8}{'held after s':>13}{'took s':>8}{'events':>8}{'errors':>7}{'RSS base MB':>12}"
+              f"{'RSS held MB':>12}{'KB/stream':>10}{'CPU share':>10}{'loadgen CPU':>12}")
+        for target in ("floor", "fb1"):
+            h = hold[target]
+            print(f"{target:<8}{fmt(h['held_after_s']):>13}{fmt(h['elapsed_s'], '.1f'):>8}"
+                  f"{fmt(h['events_share'] * 100, '.0f'):>7}%{h['errors']:>7.0f}{fmt(h['rss_base_mb'], '.1f'):>12}"
+                  f"{fmt(h['rss_held_mb'], '.1f'):>12}{fmt(h['kb_per_stream'], '.1f'):>10}"
+                  f"{fmt(h['cpu_share'] * 100, '.0f'):>9}%{fmt(h['loadgen_cpu_share'] * 100, '.0f'):>11}%")
+        v = hold["fb1"]["vs_floor"]
+        print(f"fb1 / floor: memory per stream x{fmt(v['kb_per_stream'])}, CPU share x{fmt(v['cpu_share'])}")
+    print("\ngoals (firstbyte one-target vs floor):")
+    for name, g in summary["goals"].items():
+        met = "n/a" if g["met"] is None else ("MET" if g["met"] else "MISSED")
+        print(f"  {name:<20} x{fmt(g['ratio']):<6} goal {g['goal']:<7} {met}")
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="firstbyte vs a direct connection and the aiohttp floor")
+    p.add_argument("--quick", action="store_true", help="a short run: 1 repeat, fewer requests and streams")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
+    p.add_argument("--c1-requests", type=int, default=300)
+    p.add_argument("--duration", type=float, default=1.5, help="seconds per concurrent phase")
+    p.add_argument("--warmup", type=float, default=0.3)
+    p.add_argument("--first-chunk-ms", type=float, default=2.0)
+    p.add_argument("--chunks", type=int, default=8, help="chunks per answer in the latency phases")
+    p.add_argument("--streams", type=int, default=2000)
+    p.add_argument("--stream-chunks", type=int, default=200)
+    p.add_argument("--chunk-rate", type=float, default=20.0)
+    p.add_argument("--ramp", type=float, default=2.0, help="seconds over which long streams open")
+    p.add_argument("--no-hold", action="store_true", help="skip the long-stream phase")
+    p.add_argument("--out", default=str(ROOT / "bench-results" / "bench.json"))
+    args = p.parse_args()
+    if args.quick:
+        args.repeats, args.c1_requests, args.duration, args.warmup = 1, 150, 1.0, 0.3
+        args.streams, args.stream_chunks = 300, 40
+    raise_fd_limit()
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="firstbyte-bench-"))
+    procs = Procs(tmp)
+    gen: Loadgen | None = None
+    runs: list[dict[str, Any]] = []
+    try:
+        sim, sim_long = free_port(), free_port()
+        simulate(procs, "sim", sim, args.first_chunk_ms, 0, args.chunks)
+        simulate(procs, "sim-long", sim_long, 0, 1000.0 / args.chunk_rate, args.stream_chunks)
+        ports = {"direct": sim, "floor": free_port(), "fb1": free_port()}
+        floor(procs, "floor", ports["floor"], sim)
+        firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp)
+        ports["fb5"] = ports["fb1"]  # the same firstbyte; route "five" instead of "one"
+        gen = Loadgen()
+        for i in range(args.repeats):
+            print(f"repeat {i + 1}/{args.repeats}: latency phases…", file=sys.stderr, flush=True)
+            run = {"latency": latency_phases(args, gen, ports)}
+            if not args.no_hold:
+                print(f"repeat {i + 1}/{args.repeats}: long streams…", file=sys.stderr, flush=True)
+                run["hold"] = hold_phase(args, procs, gen, sim_long, tmp)
+            runs.append(run)
+    finally:
+        if gen is not None:
+            gen.close()
+        procs.stop_all()
+    meta = {"repeats": args.repeats, "cores": os.cpu_count(), "streams": args.streams,
+            "stream_chunks": args.stream_chunks, "chunk_rate": args.chunk_rate,
+            "first_chunk_ms": args.first_chunk_ms, "chunks": args.chunks, "quick": args.quick,
+            "seconds": round(time.monotonic() - started, 1), "logs": str(tmp)}
+    summary = report(runs, args)
+    print_table(summary, meta)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps({"meta": meta, "summary": summary, "runs": runs},
+                                 option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    print(f"\nwrote {out} in {meta['seconds']} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

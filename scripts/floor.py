@@ -1,0 +1,68 @@
+"""The floor: the smallest aiohttp relay that does what firstbyte's hot path does.
+
+One handler forwards the client's body to one upstream with a shared
+``ClientSession`` and streams the answer back chunk by chunk. No routing, no
+parsing, no logging. ``scripts/bench`` measures firstbyte against it in the
+same run: whatever firstbyte adds beyond this is the price of its features.
+
+    python scripts/floor.py --port 8100 --upstream http://127.0.0.1:9100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("upstream", str)
+
+
+async def relay(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    session = request.app[SESSION]
+    async with session.post(request.app[UPSTREAM] + request.path, data=body,
+                            headers={"content-type": "application/json"}) as up:
+        response = web.StreamResponse(status=up.status,
+                                      headers={"content-type": up.headers.get("content-type", "")})
+        await response.prepare(request)
+        async for chunk in up.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+def build(upstream: str) -> web.Application:
+    app = web.Application()
+    app[UPSTREAM] = upstream.rstrip("/")
+
+    async def session(app: web.Application):  # type: ignore[no-untyped-def]
+        app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        yield
+        await app[SESSION].close()
+
+    app.cleanup_ctx.append(session)
+    app.router.add_post("/{tail:.*}", relay)
+    return app
+
+
+async def main(args: argparse.Namespace) -> None:
+    runner = web.AppRunner(build(args.upstream), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port, backlog=4096, reuse_address=True).start()
+    print(f"floor on http://{args.host}:{args.port} -> {args.upstream}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:9100")
+    uvloop.run(main(p.parse_args()))
