@@ -13,7 +13,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +89,11 @@ class Target:
     quality: float | None = None
     context_window: int | None = None
     price: Price | None = None
+    key: TargetKey = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> TargetKey:
-        return (self.provider, self.model)
+    def __post_init__(self) -> None:
+        # Read on every request by the planner and the walker: build the tuple once.
+        object.__setattr__(self, "key", (self.provider, self.model))
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +427,7 @@ def _route(r: _Reader, name: str, raw: Any, providers: Mapping[str, Provider]) -
             default = t.provider if counts[t.provider] == 1 else f"{t.provider}/{t.model}"
             if not _NAME.match(default):
                 r.problem(f"{path}.targets[{i}].name", f"required: default {default!r} has unsafe characters")
-            t = Target(**{**{f: getattr(t, f) for f in Target.__slots__}, "name": default})
+            t = replace(t, name=default)
         if t.name in seen:
             r.problem(f"{path}.targets[{i}].name", f"duplicate target name {t.name!r} (also targets[{seen[t.name]}])")
         seen[t.name] = i

@@ -8,6 +8,7 @@ still exist.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -36,6 +37,7 @@ class Gateway:
         self.clock = clock
         self.state = State()
         self.observers: list[Observer] = observers or []
+        self._finished: list[Finished] = []
         self.session: aiohttp.ClientSession | None = None
         self.sim = SimTransport()
         self.walker: Walker | None = None
@@ -93,10 +95,25 @@ class Gateway:
             await self.session.close()
 
     def finished(self, finished: Finished) -> None:
-        """Hand a finished exchange to every observer; one failing never affects the others."""
+        """Queue a finished exchange for the observers.
+
+        The handler calls this before aiohttp writes a buffered response, so the
+        observers run on the next turn of the loop, after the write, in batches.
+        """
+        self._finished.append(finished)
+        if len(self._finished) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.notify_observers)
+            except RuntimeError:  # no loop: a synchronous caller, tell them now
+                self.notify_observers()
+
+    def notify_observers(self) -> None:
+        """Hand every queued exchange to every observer; one failing never affects the others."""
+        batch, self._finished = self._finished, []
         for observer in self.observers:
             try:
-                observer.on_finished(finished)
+                for finished in batch:
+                    observer.on_finished(finished)
             except Exception:
                 log.exception("observer %s failed", type(observer).__name__)
 

@@ -375,7 +375,11 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
             try:
-                await reader.readuntil(b"data: ")
+                status = await asyncio.wait_for(reader.readline(), 20)
+                if b" 200 " not in status:  # an OpenAI-shape error; the connection stays open
+                    refused += 1
+                    return
+                await asyncio.wait_for(reader.readuntil(b"data: "), 20)
             except asyncio.IncompleteReadError:
                 refused += 1
         finally:

@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import sys
-from datetime import UTC, datetime
+import time
 from typing import Any, TextIO
 
 import orjson
@@ -45,9 +45,14 @@ MAX_BUFFERED = 50_000
 _BARE = re.compile(r"^[\x21-\x7e]+$")
 
 
+_second: list[Any] = [None, ""]  # the last whole second formatted, and its text
+
+
 def _iso(epoch: float) -> str:
-    stamp = datetime.fromtimestamp(epoch, UTC)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
+    second = int(epoch)
+    if _second[0] != second:  # most lines of a busy second share the prefix
+        _second[0], _second[1] = second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
+    return f"{_second[1]}{int((epoch - second) * 1000):03d}Z"
 
 
 def _secs(value: float | None) -> float | None:
@@ -84,6 +89,8 @@ def _fields(finished: Finished) -> dict[str, Any]:
 def _text_value(value: Any) -> str:
     if value is None:
         return "-"
+    if type(value) is int:
+        return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -97,12 +104,12 @@ def _text_value(value: Any) -> str:
 def format_text(finished: Finished) -> str:
     """One greppable line: the time first, then ``key=value`` pairs, the decision last."""
     fields = _fields(finished)
-    time = fields.pop("time")
+    stamp = fields.pop("time")
     if fields["cost_usd"] is not None:
         fields["cost_usd"] = f"{fields['cost_usd']:.6f}"
     if fields["decision"] is not None:
-        fields["decision"] = json.dumps(fields["decision"], ensure_ascii=True)
-    parts = [time]
+        fields["decision"] = orjson.dumps(fields["decision"]).decode()  # ASCII already: the header is
+    parts = [stamp]
     for key, value in fields.items():
         if key == "error" and value is None:
             continue

@@ -60,6 +60,7 @@ OUTCOME_WORDS = frozenset(
         "error",
     }
 )
+MAX_PENDING = 10000  # first-chunk observations held between scrapes before they are applied anyway
 BREAKER_STATES = {"closed": 0, "open": 1, "probing": 2, "half_open": 2, "half-open": 2}
 
 _CODE = re.compile(r"^[1-5]\d\d$")
@@ -129,6 +130,10 @@ class Metrics:
             registry=r,
         )
         self.ledger_dropped.set({}, 0)
+        self._pending: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._counters = {c.name: c for c in (self.requests, self.decisions, self.failovers, self.attempts,
+                                              self.tokens, self.cost)}
+        self._observed: list[tuple[str, float]] = []
 
     @classmethod
     def from_config(cls, config: Config) -> Metrics:
@@ -168,28 +173,45 @@ class Metrics:
     # -- the observer --------------------------------------------------------
 
     def on_finished(self, finished: Finished) -> None:
+        """Count into plain dicts; aioprometheus hears about it at scrape time (see _apply)."""
         d = finished.decision
         route = self._route(d.route if d is not None else None)
         served = self._target(d.served if d is not None else None)
-        status = self._status(finished.status)
-        self.requests.inc({"route": route, "served": served, "status": status})
+        add = self._add
+        add(self.requests, (("route", route), ("served", served), ("status", self._status(finished.status))), 1)
         if d is None:
             return
-        reason = d.first_reason if d.first_reason in FIRST_REASONS else OTHER
-        self.decisions.inc({"route": route, "first_reason": reason})
-        self.failovers.add({"route": route}, d.failovers)
+        reason = d.first_reason
+        add(self.decisions, (("route", route), ("first_reason", reason if reason in FIRST_REASONS else OTHER)), 1)
+        failovers = d.failovers
+        add(self.failovers, (("route", route),), failovers)
         for attempt in d.attempts:
             target = self._target(attempt.name)
-            self.attempts.inc({"target": target, "outcome": self._outcome(attempt.outcome)})
+            add(self.attempts, (("target", target), ("outcome", self._outcome(attempt.outcome))), 1)
             if attempt.ttfc is not None and attempt.ttfc >= 0:
-                self.first_chunk.observe({"target": target}, attempt.ttfc)
+                self._observed.append((target, attempt.ttfc))
         if d.served:
             for kind in ("prompt", "completion"):
                 count = d.usage.get(f"{kind}_tokens")
                 if isinstance(count, int) and count > 0:
-                    self.tokens.add({"target": served, "kind": kind}, count)
+                    add(self.tokens, (("target", served), ("kind", kind)), count)
             if d.cost_usd is not None and d.cost_usd >= 0:
-                self.cost.add({"route": route, "target": served}, d.cost_usd)
+                add(self.cost, (("route", route), ("target", served)), d.cost_usd)
+        if len(self._observed) >= MAX_PENDING:
+            self._apply()
+
+    def _add(self, metric: Counter, labels: tuple[tuple[str, str], ...], amount: float) -> None:
+        key = (metric.name, labels)
+        self._pending[key] = self._pending.get(key, 0) + amount
+
+    def _apply(self) -> None:
+        """Hand what was counted since the last scrape to aioprometheus (its label checks are slow)."""
+        pending, self._pending = self._pending, {}
+        for (name, labels), amount in pending.items():
+            self._counters[name].add(dict(labels), amount)
+        observed, self._observed = self._observed, []
+        for target, seconds in observed:
+            self.first_chunk.observe({"target": target}, seconds)
 
     async def close(self) -> None:
         """Nothing to flush: the registry lives in memory until the process ends."""
@@ -222,5 +244,6 @@ class Metrics:
 
     def render(self, accepts: Sequence[str] = ()) -> tuple[bytes, str]:
         """The Prometheus text exposition and its Content-Type for ``GET /metrics``."""
+        self._apply()
         body, headers = render(self.registry, list(accepts))
         return body, headers["Content-Type"]
