@@ -91,6 +91,7 @@ async def relay_stream(
     try:
         await response.prepare(request)
         data = lease.first
+        read = lease.upstream.chunk
         ended = False
         while True:
             try:
@@ -109,7 +110,7 @@ async def relay_stream(
             if ended:
                 break
             try:
-                data = await lease.chunk()
+                data = await read()
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 failure = _describe(exc)
                 break

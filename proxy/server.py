@@ -12,7 +12,6 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -85,7 +84,7 @@ async def routed(request: web.Request, op: str) -> web.StreamResponse:
         return await _route(request, gw, config, ex)
     except ClientError as exc:
         decision = getattr(exc, "decision", None)
-        ex.decision = replace(decision, status=exc.status) if decision is not None else None
+        ex.decision = decision.but(status=exc.status) if decision is not None else None
         ex.status = exc.status
         return error_response(exc.status, exc.body(), ex.decision, new_id())
     finally:
@@ -117,7 +116,7 @@ async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
     decision = planned.decision
     if not planned.targets:
-        decision = replace(decision, status=503)
+        decision = decision.but(status=503)
         ex.decision, ex.status = decision, 503
         why = ", ".join(f"{e.name} ({e.reason})" for e in decision.excluded) or "no targets"
         body = error_body(
@@ -130,7 +129,7 @@ async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -
     assert gw.walker is not None
     result = await gw.walker.walk(config, planned.route, planned.targets, call, rescued=planned.rescued)
     served = result.attempts[-1].name if result.lease is not None or 200 <= result.status < 300 else None
-    decision = replace(decision, attempts=tuple(result.attempts), served=served, status=result.status)
+    decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status)
     ex.decision, ex.status = decision, result.status
     extra = {HEADER: decision.header(), "x-request-id": decision.id}
 

@@ -7,7 +7,7 @@ turned into outcomes in ``classify.py``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
@@ -22,8 +22,9 @@ class Upstream(Protocol):
     status: int
     headers: Mapping[str, str]
 
-    async def chunk(self) -> bytes:
-        """The next piece of body as it arrived; b"" at the end."""
+    @property
+    def chunk(self) -> Callable[[], Awaitable[bytes]]:
+        """Reads the next piece of body as it arrived; b"" at the end."""
         ...
 
     async def read(self, limit: int) -> bytes:
@@ -40,15 +41,13 @@ class BodyTooLarge(Exception):
 
 
 class HttpUpstream:
-    __slots__ = ("_resp", "headers", "status")
+    __slots__ = ("_resp", "chunk", "headers", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
-
-    async def chunk(self) -> bytes:
-        return await self._resp.content.readany()
+        self.chunk: Callable[[], Awaitable[bytes]] = resp.content.readany  # no wrapper per chunk
 
     async def read(self, limit: int) -> bytes:
         parts: list[bytes] = []

@@ -10,7 +10,6 @@ declared price has no cost, never a guessed one.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 import orjson
 
@@ -58,4 +57,4 @@ def priced(decision: Decision, price: Price | None, usage: Usage | None) -> Deci
     """The decision with the served call's token counts and cost on it, for the observers."""
     if not usage:
         return decision
-    return replace(decision, usage=dict(usage), cost_usd=cost_of(usage, price))
+    return decision.but(usage=dict(usage), cost_usd=cost_of(usage, price))

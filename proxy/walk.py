@@ -51,9 +51,6 @@ class Lease:
     _route: Route
     finished: bool = False
 
-    async def chunk(self) -> bytes:
-        return await self.upstream.chunk()
-
     def finish(self, failure: str | None = None) -> None:
         """Release the slot and the connection; a failure after commit counts against the target."""
         if self.finished:

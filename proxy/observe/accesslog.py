@@ -101,23 +101,36 @@ def _text_value(value: Any) -> str:
     return json.dumps(text, ensure_ascii=True)
 
 
+def _num(value: float | None, places: str = ".3f") -> str:
+    return "-" if value is None else format(value, places)
+
+
 def format_text(finished: Finished) -> str:
-    """One greppable line: the time first, then ``key=value`` pairs, the decision last."""
-    fields = _fields(finished)
-    stamp = fields.pop("time")
-    if fields["cost_usd"] is not None:
-        fields["cost_usd"] = f"{fields['cost_usd']:.6f}"
-    if fields["decision"] is not None:
-        fields["decision"] = orjson.dumps(fields["decision"]).decode()  # ASCII already: the header is
-    parts = [stamp]
-    for key, value in fields.items():
-        if key == "error" and value is None:
-            continue
-        if key == "decision" and value is not None:
-            parts.append(f"decision={value}")  # always quoted: it holds spaces and ';'
-        else:
-            parts.append(f"{key}={_text_value(value)}")
-    return " ".join(parts)
+    """One greppable line: the time first, then ``key=value`` pairs, the decision last.
+
+    Built in one f-string: this runs for every request, so it avoids the generic
+    field loop that :func:`format_json` uses. Anything a client could choose
+    (path, client, a pinned model in the route, error text) goes through
+    :func:`_text_value`, which quotes it when it is not plain.
+    """
+    d = finished.decision
+    t = _text_value
+    if d is None:
+        rid, routed = "-", "route=- served=- attempts=0 failovers=0"
+        tokens = "prompt_tokens=- completion_tokens=- cost_usd=-"
+        decision = "-"
+    else:
+        rid = d.id
+        routed = f"route={t(d.route)} served={t(d.served)} attempts={len(d.attempts)} failovers={d.failovers}"
+        usage = d.usage
+        tokens = (f"prompt_tokens={t(usage.get('prompt_tokens'))} "
+                  f"completion_tokens={t(usage.get('completion_tokens'))} cost_usd={_num(d.cost_usd, '.6f')}")
+        decision = orjson.dumps(d.header()).decode()  # always quoted: it holds spaces and ';'
+    error = "" if finished.error is None else f" error={t(finished.error)}"
+    return (f"{_iso(finished.started)} id={rid} client={t(finished.client)} method={t(finished.method)} "
+            f"path={t(finished.path)} status={finished.status} {routed} "
+            f"stream={'true' if finished.stream else 'false'} ttfc={_num(_secs(finished.ttfc))} "
+            f"total={_num(_secs(finished.total))} bytes={finished.bytes_sent} {tokens}{error} decision={decision}")
 
 
 def format_json(finished: Finished) -> str:

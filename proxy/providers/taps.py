@@ -35,14 +35,17 @@ class _Framer:
     def complete(self, data: bytes) -> bytes:
         """The complete events ``data`` finishes (the prefix up to the last blank line)."""
         data = self._pending + data if self._pending else data
-        last = None
-        for last in _EVENT_END.finditer(data):  # noqa: B007 - only the last match matters
-            pass
-        if last is None:
+        # rfind runs in C: this is called for every chunk of every stream.
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+        end = max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
+        if end < 0:
             self._pending = data
             return b""
-        self._pending = data[last.end():]
-        return data[: last.end()]
+        if end == len(data):
+            self._pending = b""
+            return data
+        self._pending = data[end:]
+        return data[:end]
 
     def rest(self) -> bytes:
         rest, self._pending = self._pending, b""
@@ -77,7 +80,7 @@ class OpenAIUsageTap:
 
     def feed(self, data: bytes) -> bytes:
         block = self._framer.complete(data)
-        if not block or _USAGE_OBJECT.search(block) is None:
+        if not block or b'"usage"' not in block or _USAGE_OBJECT.search(block) is None:
             if b"[DONE]" in block:
                 self.done = True
             return block

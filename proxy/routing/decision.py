@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "Attempt",
@@ -75,6 +76,7 @@ class Decision:
     status: int | None = None
     usage: dict[str, int] = field(default_factory=dict)
     cost_usd: float | None = None
+    _header: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def first_reason(self) -> str:
@@ -93,7 +95,22 @@ class Decision:
         return max(0, len(names) - 1)
 
     def header(self) -> str:
-        return format_header(self)
+        """The ``x-route-decision`` value, formatted once per record (the response and the log both ask)."""
+        if self._header is None:
+            object.__setattr__(self, "_header", format_header(self))
+        return self._header  # type: ignore[return-value]
+
+    def but(self, **changes: Any) -> Decision:
+        """A copy with some fields changed: ``dataclasses.replace`` without its per-call introspection."""
+        values = {name: getattr(self, name) for name in _FIELDS}
+        values.update(changes)
+        if not _HEADER_FIELDS.isdisjoint(changes):
+            values["_header"] = None
+        return Decision(**values)
+
+
+_FIELDS = tuple(f for f in Decision.__dataclass_fields__)
+_HEADER_FIELDS = frozenset({"id", "route", "strategy", "order", "excluded", "attempts", "served"})
 
 
 def scrub(text: str) -> str:
