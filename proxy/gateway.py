@@ -17,6 +17,7 @@ from collections.abc import Callable
 import aiohttp
 
 from .config import Config
+from .deadlines import Deadlines
 from .observe import Finished, Observer
 from .observe.costs import CostRefresher
 from .state import State
@@ -37,6 +38,8 @@ class Gateway:
         self.clock = clock
         self.state = State()
         self.observers: list[Observer] = observers or []
+        self.deadlines = Deadlines(clock)
+        self._sweeper: asyncio.Task[None] | None = None
         self._finished: list[Finished] = []
         self.session: aiohttp.ClientSession | None = None
         self.sim = SimTransport()
@@ -61,6 +64,7 @@ class Gateway:
             )
             rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
         self.state.configure(config)
+        self.deadlines.tune(p.timeouts.idle for p in config.providers.values())
         self.sized_routes = frozenset(
             name
             for name, route in config.routes.items()
@@ -78,14 +82,19 @@ class Gateway:
         self.session = aiohttp.ClientSession(
             connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
         )
-        self.walker = Walker(self.state, HttpTransport(self.session), self.sim, clock=self.clock)
+        self.walker = Walker(self.state, HttpTransport(self.session), self.sim, clock=self.clock,
+                             deadlines=self.deadlines)
+        self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         if self.config.ledger.path:  # measured cost per call for the score strategy
             self.costs = CostRefresher(self.config.ledger.path, self.state)
             self.costs.start()
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self.costs is not None:
             await self.costs.close()
+        self.notify_observers()  # what finished during the drain is still logged
         for observer in self.observers:
             try:
                 await observer.close()

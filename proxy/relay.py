@@ -110,9 +110,11 @@ async def relay_stream(
             if ended:
                 break
             try:
+                lease.waiting_since = clock()
                 data = await read()
+                lease.waiting_since = None
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                failure = _describe(exc)
+                failure = lease.expired or _describe(exc)
                 break
             if not data:
                 if translator is None:

@@ -31,6 +31,14 @@ class Upstream(Protocol):
         """The rest of the body, at most ``limit`` bytes (more is an error)."""
         ...
 
+    def at_eof(self) -> bool:
+        """The whole body has been read."""
+        ...
+
+    def abort(self, exc: BaseException) -> None:
+        """Make a pending or next read raise ``exc`` (a deadline passed)."""
+        ...
+
     def close(self) -> None:
         """Drop the call; after a full read the connection goes back to the pool."""
         ...
@@ -59,6 +67,12 @@ class HttpUpstream:
             parts.append(data)
         return b"".join(parts)
 
+    def at_eof(self) -> bool:
+        return self._resp.content.at_eof()
+
+    def abort(self, exc: BaseException) -> None:
+        self._resp.content.set_exception(exc)
+
     def close(self) -> None:
         if self._resp.content.at_eof():
             self._resp.release()
@@ -73,12 +87,12 @@ class HttpTransport:
 
     def timeout(self, provider: Provider) -> aiohttp.ClientTimeout:
         t = provider.timeouts
-        key = f"{t.connect}/{t.idle}/{t.total}"
+        key = str(t.connect)
         timeout = self._timeouts.get(key)
         if timeout is None:
-            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
-                total=t.total, sock_connect=t.connect, sock_read=t.idle
-            )
+            # Only the connect deadline is aiohttp's: idle and total are kept by
+            # proxy.deadlines, without re-arming a timer on every read.
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(total=None, sock_connect=t.connect)
         return timeout
 
     async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
@@ -120,6 +134,12 @@ class SimUpstream:
         while data := await self.chunk():
             parts.append(data)
         return b"".join(parts)
+
+    def at_eof(self) -> bool:
+        return not self._body and self._stream is None
+
+    def abort(self, exc: BaseException) -> None:
+        """The simulator never stalls past a deadline; nothing to wake."""
 
     def close(self) -> None:
         self._stream = None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .classify import BUSY, Outcome, classify_exception, classify_status
 from .config import Config, Provider, Route, Target
+from .deadlines import Deadlines, Expired
 from .errors import error_body, error_type
 from .providers import Adapter, Call, adapter_for
 from .providers.anthropic_wire import TranslationError
@@ -49,13 +50,24 @@ class Lease:
     _limiter: Limiter | None
     _walker: Walker
     _route: Route
+    started: float = 0.0
+    idle: float = 60.0
+    total: float = 600.0
+    waiting_since: float | None = None  # the relay is waiting for the upstream since then
+    expired: str | None = None  # why the deadline keeper cut it
     finished: bool = False
+
+    def expire(self, reason: str) -> None:
+        """Past its idle or total deadline: wake the relay's pending read with the reason."""
+        self.expired = reason
+        self.upstream.abort(Expired(reason))
 
     def finish(self, failure: str | None = None) -> None:
         """Release the slot and the connection; a failure after commit counts against the target."""
         if self.finished:
             return
         self.finished = True
+        self._walker.deadlines.forget(self)
         self.upstream.close()
         self._ts.in_flight -= 1
         if self._limiter is not None:
@@ -84,12 +96,14 @@ class Walker:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.state = state
         self.http = http
         self.sim = sim or SimTransport()
         self.clock = clock
         self.rng = rng or random.Random()
+        self.deadlines = deadlines or Deadlines(clock)
 
     async def walk(self, config: Config, route: Route, targets: tuple[Target, ...], call: Call,
                    providers: Mapping[str, Provider] | None = None, *,
@@ -151,8 +165,10 @@ class Walker:
                     upstream = await transport.send(provider, request)
                     ok = 200 <= upstream.status < 300
                     first = await upstream.chunk() if ok else await upstream.read(MAX_ERROR_BODY)
-                if ok and not call.stream:
-                    first += await upstream.read(MAX_BUFFERED_BODY)
+                if ok and not call.stream and not upstream.at_eof():
+                    # The rest of a buffered body; its deadline is the provider's total.
+                    async with asyncio.timeout(provider.timeouts.total - (self.clock() - started)):
+                        first += await upstream.read(MAX_BUFFERED_BODY)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -175,9 +191,12 @@ class Walker:
                 result.status = status
                 result.headers = upstream.headers
                 if call.stream:
-                    result.lease = Lease(target, provider, adapter, upstream, first,
-                                         adapter.stream_translator(call, target), ts,
-                                         limiter if acquired else None, self, route)
+                    t = provider.timeouts
+                    lease = result.lease = Lease(target, provider, adapter, upstream, first,
+                                                 adapter.stream_translator(call, target), ts,
+                                                 limiter if acquired else None, self, route,
+                                                 started, t.idle, t.total)
+                    self.deadlines.watch(lease)
                     upstream = None  # the lease owns it now, with the slot and the count
                     counted = acquired = False
                 else:

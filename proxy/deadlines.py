@@ -1,0 +1,77 @@
+"""Idle and total deadlines of committed streams, kept by one sweeper.
+
+aiohttp's ``sock_read`` and ``total`` timeouts re-arm a timer on every socket
+read, which measured as the single largest cost firstbyte added to a relayed
+call. Instead each committed call stamps when it started waiting for the
+upstream, and one task per gateway looks at every open call a few times per
+idle period. An expired call gets an exception set on its reader, so the relay
+ends the client's stream with an error event, as it would for any cut.
+
+``sweep()`` is pure (it takes ``now``), so the rules are tested without time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+
+class Expired(TimeoutError):
+    """Set on a stalled upstream reader; the relay reports ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Watched(Protocol):
+    started: float  # when the attempt began
+    waiting_since: float | None  # when it started waiting for the upstream; None while writing
+    idle: float
+    total: float
+
+    def expire(self, reason: str) -> None: ...
+
+
+def sweep(calls: Iterable[Watched], now: float) -> list[tuple[Watched, str]]:
+    """The calls past a deadline, with the reason: ``total timeout`` wins over ``idle timeout``."""
+    out: list[tuple[Watched, str]] = []
+    for call in calls:
+        if now - call.started > call.total:
+            out.append((call, "total timeout"))
+        elif call.waiting_since is not None and now - call.waiting_since > call.idle:
+            out.append((call, "idle timeout"))
+    return out
+
+
+class Deadlines:
+    """The open calls and the task that expires the stalled ones."""
+
+    def __init__(self, clock: Callable[[], float], interval: float = 0.25) -> None:
+        self.clock = clock
+        self.interval = interval
+        self.calls: set[Watched] = set()
+
+    def watch(self, call: Watched) -> None:
+        self.calls.add(call)
+
+    def forget(self, call: Watched) -> None:
+        self.calls.discard(call)
+
+    def tune(self, idles: Iterable[float]) -> None:
+        """Look a few times per shortest idle period, between 50 ms and 1 s."""
+        shortest = min(idles, default=4.0)
+        self.interval = min(1.0, max(0.05, shortest / 4))
+
+    def expire_due(self) -> int:
+        due = sweep(list(self.calls), self.clock())
+        for call, reason in due:
+            self.calls.discard(call)
+            call.expire(reason)
+        return len(due)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.expire_due()
