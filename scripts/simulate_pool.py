@@ -262,7 +262,7 @@ def chart(name: str, scenario: dict[str, Any], runs: dict[str, dict[str, Any]], 
 def main() -> int:
     p = argparse.ArgumentParser(description="routing quality of each strategy against the oracle")
     p.add_argument("--quick", action="store_true", help="shorter runs")
-    p.add_argument("--seconds", type=float, default=11.0, help="load per run")
+    p.add_argument("--seconds", type=float, default=9.0, help="load per run")
     p.add_argument("--lead", type=float, default=2.0,
                    help="schedule seconds taken by start-up before load begins (estimate)")
     p.add_argument("--concurrency", type=int, default=12)
