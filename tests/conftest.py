@@ -20,6 +20,16 @@ from proxy.server import build_app
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+async def serve_on_loopback(app: web.Application, shutdown_timeout: float) -> tuple[web.AppRunner, str]:
+    """Run ``app`` on a free loopback port as firstbyte runs (handler cancellation on)."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
 class FakeUpstream:
     """An aiohttp server a test scripts per path; it records every request it gets."""
 
@@ -42,12 +52,7 @@ class FakeUpstream:
     async def start(self) -> FakeUpstream:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.runner, self.url = await serve_on_loopback(app, shutdown_timeout=0.5)
         return self
 
     async def stop(self) -> None:
@@ -117,12 +122,7 @@ class Proxy:
         self.url = ""
 
     async def start(self) -> Proxy:
-        self.runner = web.AppRunner(build_app(self.gateway), handler_cancellation=True, shutdown_timeout=1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.runner, self.url = await serve_on_loopback(build_app(self.gateway), shutdown_timeout=1)
         return self
 
     async def stop(self) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from ..errors import StreamError
-from .anthropic_wire import SseDecoder, TranslationError, parse_arguments
+from .anthropic_wire import SseDecoder, TranslationError, parse_arguments, tool_call_of
 
 __all__ = [
     "OpenAIStreamError",
@@ -170,16 +170,7 @@ def _assistant_message(content: Any, i: int) -> Json:
         if kind == "text":
             texts.append(block.get("text") or "")
         elif kind == "tool_use":
-            calls.append(
-                {
-                    "id": block.get("id"),
-                    "type": "function",
-                    "function": {
-                        "name": block.get("name"),
-                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
-                    },
-                }
-            )
+            calls.append(tool_call_of(block))
         elif kind not in ("thinking", "redacted_thinking"):  # signed reasoning stays behind
             raise TranslationError(f"messages[{i}]: content block {kind!r} is not supported")
     message: Json = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}

@@ -31,6 +31,15 @@ __all__ = [
 Json = dict[str, Any]
 
 
+def tool_call_of(block: Json) -> Json:
+    """An Anthropic ``tool_use`` block as an OpenAI ``tool_calls`` item."""
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": orjson.dumps(block.get("input") or {}).decode()},
+    }
+
+
 class TranslationError(FirstbyteError):
     """A request that has no faithful equivalent in the other API (answer it as a 400)."""
 
@@ -259,16 +268,7 @@ def anthropic_to_openai_response(body: Json, model: str, *, created: int = 0) ->
         if block.get("type") == "text":
             texts.append(block.get("text") or "")
         elif block.get("type") == "tool_use":
-            calls.append(
-                {
-                    "id": block.get("id"),
-                    "type": "function",
-                    "function": {
-                        "name": block.get("name"),
-                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
-                    },
-                }
-            )
+            calls.append(tool_call_of(block))
     message: Json = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
