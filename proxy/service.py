@@ -21,8 +21,9 @@ from .config import Config, load_config, split_listen
 from .errors import ConfigError
 from .gateway import Gateway
 from .observe.hub import Hub
+from .ops import build_ops_app
 from .sdnotify import Notifier
-from .server import build_app, build_ops_app
+from .server import build_app
 
 log = logging.getLogger("firstbyte")
 

@@ -1,0 +1,40 @@
+"""What every endpoint answers with: the app's typed keys, request ids, JSON and error replies."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .gateway import Gateway
+from .observe.hub import Hub
+from .routing.decision import HEADER, Decision
+
+GATEWAY = web.AppKey("gateway", Gateway)
+HUB = web.AppKey("hub", Hub)
+JSON = "application/json"
+
+
+_ids = random.Random()  # seeded from os.urandom once; ids need to be unique, not secret
+
+
+def new_id() -> str:
+    return f"{_ids.getrandbits(48):012x}"  # os.urandom per request was ~5% of a buffered call's CPU
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type=JSON, headers=headers)
+
+
+def error_response(
+    status: int, body: bytes, decision: Decision | None = None, request_id: str | None = None
+) -> web.Response:
+    headers = {}
+    if decision is not None:
+        headers[HEADER] = decision.header()
+        request_id = decision.id
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    return web.Response(body=body, status=status, content_type=JSON, headers=headers)
