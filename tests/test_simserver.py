@@ -1,0 +1,45 @@
+"""``firstbyte simulate``: the simulated provider on real HTTP, called as a real provider would be."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import aiohttp
+import openai
+
+
+async def test_simulate_serves_the_openai_shape_over_http(tmp_path: Path, unused_tcp_port: int) -> None:
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps([{"at": 0, "chunks": 3}, {"at": 3600, "chunks": 9}]))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.cli", "simulate", "--port", str(unused_tcp_port),
+        "--first-chunk-ms", "5", "--jitter-ms", "0", "--chunk-ms", "1", "--chunks", "5",
+        "--schedule", str(schedule), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 10)
+        assert b"simulated provider on" in line
+        base = f"http://127.0.0.1:{unused_tcp_port}/v1"
+        async with openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as client:
+            chat = await client.chat.completions.create(model="sim-x", messages=[{"role": "user", "content": "hi"}])
+            assert chat.choices[0].message.content == "tok0 tok1 tok2 "  # the schedule's 3 chunks
+            assert chat.model == "sim-x"
+            stream = await client.chat.completions.create(
+                model="sim-x", messages=[{"role": "user", "content": "hi"}], stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [c async for c in stream]
+            assert [c.choices[0].delta.content for c in chunks if c.choices][:3] == ["tok0 ", "tok1 ", "tok2 "]
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+            emb = await client.embeddings.create(model="sim-e", input="abc")
+            assert len(emb.data[0].embedding) == 8
+        async with aiohttp.ClientSession() as session, session.get(base[:-3] + "/sim/stats") as resp:
+            stats = await resp.json()
+        assert stats["served"] == 3
+    finally:
+        proc.terminate()
+        await proc.wait()
