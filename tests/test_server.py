@@ -442,3 +442,28 @@ async def test_aiohttp_refusals_take_the_openai_shape(proxy, method, path, statu
         err = (await resp.json())["error"]
         assert err["code"] == f"http_{status}"
         assert path in err["message"]
+
+
+async def test_client_leaving_before_the_first_chunk_cancels_the_upstream_call(upstreams, proxy):
+    upstream_gone = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.StreamResponse:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            upstream_gone.set()
+            raise
+        raise AssertionError("unreachable")
+
+    up = await upstreams({"/v1/chat/completions": hang})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}), 0.3)
+    await asyncio.wait_for(upstream_gone.wait(), 5)
+    for _ in range(50):
+        if p.gateway.state.target(("up", "m")).in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert p.gateway.state.target(("up", "m")).in_flight == 0
+    assert p.gateway.state.target(("up", "m")).breaker.failures == 0  # the client left; the provider did nothing
