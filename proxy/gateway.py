@@ -85,9 +85,9 @@ class Gateway:
         self.walker = Walker(self.state, HttpTransport(self.session), self.sim, clock=self.clock,
                              deadlines=self.deadlines)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
-        if self.config.ledger.path:  # measured cost per call for the score strategy
-            self.costs = CostRefresher(self.config.ledger.path, self.state)
-            self.costs.start()
+        # Measured cost per call for the score strategy, from whatever ledger the config names now.
+        self.costs = CostRefresher(lambda: self.config.ledger.path, self.state)
+        self.costs.start()
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -30,9 +30,10 @@ MIN_CALLS = 5
 
 
 class CostRefresher:
-    def __init__(self, path: str, state: State, interval: float = REFRESH_SECS,
+    def __init__(self, path: str | Callable[[], str | None], state: State, interval: float = REFRESH_SECS,
                  clock: Callable[[], float] = time.time) -> None:
-        self.path = path
+        # A callable follows the running config, so a reload that moves or sets the ledger is heard.
+        self.path_of: Callable[[], str | None] = path if callable(path) else (lambda: path)
         self.state = state
         self.interval = interval
         self.clock = clock
@@ -40,12 +41,15 @@ class CostRefresher:
 
     async def refresh(self) -> None:
         """Read the ledger once and publish the figures."""
+        path = self.path_of()
+        if not path:
+            return
         try:
-            costs = await asyncio.to_thread(measured_costs, self.path, WINDOW_SECS, MIN_CALLS, self.clock())
+            costs = await asyncio.to_thread(measured_costs, path, WINDOW_SECS, MIN_CALLS, self.clock())
         except FileNotFoundError:
             return  # the ledger has not written its first row yet
         except sqlite3.Error as exc:
-            log.warning("cost refresh from %s failed: %s", self.path, exc)
+            log.warning("cost refresh from %s failed: %s", path, exc)
             return
         self.state.costs = costs
 
