@@ -22,17 +22,21 @@ __all__ = ["cost_of", "priced", "usage_of_body"]
 Usage = dict[str, int]
 
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
+WHOLE_BODY_LIMIT = 32 * 1024  # above this, decode only the usage object, not the whole answer
 
 
 def usage_of_body(op: str, body: bytes) -> Usage | None:
     """OpenAI-shape counts (prompt, completion, total) from a buffered answer, if it has them."""
-    if _USAGE.search(body) is None:
-        return None
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    usage = data.get("usage") if isinstance(data, dict) else None
+    if len(body) > WHOLE_BODY_LIMIT:
+        usage = _last_usage_object(body)
+    else:
+        if _USAGE.search(body) is None:
+            return None
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        usage = data.get("usage") if isinstance(data, dict) else None
     if not isinstance(usage, dict):
         return None
     if op == "messages":
@@ -40,6 +44,43 @@ def usage_of_body(op: str, body: bytes) -> Usage | None:
     prompt = _int(usage.get("prompt_tokens"))
     completion = _int(usage.get("completion_tokens"))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _last_usage_object(body: bytes) -> object:
+    """The ``usage`` object of a large answer without decoding the whole answer.
+
+    An unescaped ``"usage":{`` can only be a key (inside strings quotes are
+    escaped), and providers put the top-level one last; its object is cut out by
+    matching braces outside strings and decoded alone.
+    """
+    last = None
+    for last in _USAGE.finditer(body):  # noqa: B007 - only the last match matters
+        pass
+    if last is None:
+        return None
+    start = last.end() - 1
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, min(len(body), start + 4096)):
+        c = body[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:
+                escaped = True
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c == 0x7B:
+            depth += 1
+        elif c == 0x7D:
+            depth -= 1
+            if depth == 0:
+                try:
+                    return orjson.loads(body[start : i + 1])
+                except orjson.JSONDecodeError:
+                    return None
+    return None
 
 
 def cost_of(usage: Usage | None, price: Price | None) -> float | None:

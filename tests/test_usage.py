@@ -176,6 +176,21 @@ def test_usage_of_body(op, body, usage):
 
 
 @pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param("x" * 100_000, id="plain-large-answer"),
+        pytest.param('quoted {"usage": {"prompt_tokens": 999}} ' * 3000, id="answer-text-that-looks-like-usage"),
+    ],
+)
+def test_usage_of_a_large_body_reads_only_the_real_usage_object(content):
+    body = {"choices": [{"message": {"content": content}}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 2}}}
+    raw = orjson.dumps(body)
+    assert len(raw) > 32 * 1024
+    assert usage_of_body("chat", raw) == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+
+
+@pytest.mark.parametrize(
     ("usage", "price", "cost"),
     [
         pytest.param({"prompt_tokens": 1_000_000, "completion_tokens": 0}, Price(2.5, 10), 2.5, id="input-only"),
