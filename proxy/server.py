@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .config import Config
 from .errors import ClientError, error_body
 from .gateway import Gateway
 from .observe import Finished
@@ -79,7 +80,7 @@ async def routed(request: web.Request, op: str) -> web.StreamResponse:
         )
 
 
-async def _route(request: web.Request, gw: Gateway, config: Any, ex: Exchange) -> web.StreamResponse:
+async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange) -> web.StreamResponse:
     raw = await read_body(request, config.max_body_bytes)
     call, model = parse_call(op=ex.op, raw=raw)
     ex.stream = call.stream
