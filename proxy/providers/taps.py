@@ -79,8 +79,12 @@ class OpenAIUsageTap:
         self._framer = _Framer()
 
     def feed(self, data: bytes) -> bytes:
-        block = self._framer.complete(data)
-        if not block or b'"usage"' not in block or _USAGE_OBJECT.search(block) is None:
+        framer = self._framer
+        if not framer._pending and data.endswith(b"\n\n"):
+            block = data  # the common case: a read that ends on an event boundary
+        else:
+            block = framer.complete(data)
+        if b'"usage"' not in block or _USAGE_OBJECT.search(block) is None:
             if b"[DONE]" in block:
                 self.done = True
             return block
