@@ -201,3 +201,24 @@ def test_usage_of_a_large_body_reads_only_the_real_usage_object(content):
 )
 def test_cost_of(usage, price, cost):
     assert cost_of(usage, price) == (pytest.approx(cost) if cost is not None else None)
+
+
+def _sse(obj: object, sep: bytes = b"\n\n") -> bytes:
+    return b"data: " + orjson.dumps(obj) + sep
+
+
+@pytest.mark.parametrize("sep", [pytest.param(b"\n\n", id="lf"), pytest.param(b"\r\n\r\n", id="crlf")])
+@pytest.mark.parametrize("keep", [pytest.param(False, id="client-did-not-ask"), pytest.param(True, id="client-asked")])
+def test_tap_counts_and_drops_only_the_usage_chunk_of_a_whole_stream_in_one_read(sep: bytes, keep: bool) -> None:
+    from proxy.providers.taps import OpenAIUsageTap
+
+    chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None}
+    finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None}
+    usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}
+    head = _sse(chunk, sep) + _sse(finish, sep)
+    tail = b"data: [DONE]" + sep
+    tap = OpenAIUsageTap(keep_usage_chunk=keep)
+    out = tap.feed(head + _sse(usage, sep) + tail)
+    assert out == (head + _sse(usage, sep) + tail if keep else head + tail)
+    assert tap.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert tap.done

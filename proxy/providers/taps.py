@@ -64,6 +64,14 @@ def _events(block: bytes) -> list[bytes]:
     return out
 
 
+def _event_around(block: bytes, pos: int) -> tuple[int, int]:
+    """The bounds of the complete event that holds ``pos`` (blocks end on an event boundary)."""
+    lf, crlf = block.rfind(b"\n\n", 0, pos), block.rfind(b"\n\r\n", 0, pos)
+    start = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+    ends = [i + n for i, n in ((block.find(b"\n\n", pos), 2), (block.find(b"\n\r\n", pos), 3)) if i >= 0]
+    return start, min(ends) if ends else len(block)
+
+
 def _data(event: bytes) -> bytes:
     lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
     return b"\n".join(lines)
@@ -88,14 +96,21 @@ class OpenAIUsageTap:
             if b"[DONE]" in block:
                 self.done = True
             return block
-        kept = []
-        for event in _events(block):
-            if _USAGE_OBJECT.search(event) is None or not self._count(event):
-                kept.append(event)
-        out = b"".join(kept)
-        if b"[DONE]" in out:
+        # Look only at the events that hold a usage object, not at every event of the block.
+        out, cut = [], 0
+        for match in _USAGE_OBJECT.finditer(block):
+            start, end = _event_around(block, match.start())
+            if start < cut:
+                continue  # a second usage object inside an event already looked at
+            if self._count(block[start:end]):
+                out.append(block[cut:start])
+                cut = end
+        if cut:
+            out.append(block[cut:])
+            block = b"".join(out)
+        if b"[DONE]" in block:
             self.done = True
-        return out
+        return block
 
     def finish(self) -> bytes:
         """An upstream that ended without ``[DONE]`` is passed on as it is: not ours to judge."""
