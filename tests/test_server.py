@@ -40,6 +40,15 @@ async def _close_clients():
         await _clients.pop().close()
 
 
+async def settled(p, key: tuple[str, str]) -> None:
+    """Wait (bounded) for the gateway to release the call it was making to ``key``."""
+    for _ in range(50):
+        if p.gateway.state.target(key).in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert p.gateway.state.target(key).in_flight == 0
+
+
 async def two_targets(upstreams, proxy, first_handler, second_handler=None, **extra):
     a = await upstreams({"/v1/chat/completions": first_handler})
     b = await upstreams({"/v1/chat/completions": second_handler or ok_handler("from-b")})
@@ -301,11 +310,7 @@ async def test_client_disconnect_cancels_the_upstream_call(upstreams, proxy):
         assert await resp.content.readany()
         resp.close()  # the client goes away mid-stream
     await asyncio.wait_for(upstream_gone.wait(), 5)
-    for _ in range(50):
-        if p.gateway.state.target(("up", "m")).in_flight == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert p.gateway.state.target(("up", "m")).in_flight == 0
+    await settled(p, ("up", "m"))
 
 
 async def test_failure_after_commit_ends_the_stream_with_an_error_event(raw_upstreams, proxy):
@@ -461,9 +466,5 @@ async def test_client_leaving_before_the_first_chunk_cancels_the_upstream_call(u
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}), 0.3)
     await asyncio.wait_for(upstream_gone.wait(), 5)
-    for _ in range(50):
-        if p.gateway.state.target(("up", "m")).in_flight == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert p.gateway.state.target(("up", "m")).in_flight == 0
+    await settled(p, ("up", "m"))
     assert p.gateway.state.target(("up", "m")).breaker.failures == 0  # the client left; the provider did nothing
