@@ -38,7 +38,7 @@ def _too_large(size: int, limit: int) -> ClientError:
     )
 
 
-def parse_call(op: str, raw: bytes) -> tuple[Call, str]:
+def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]:
     """Decode the JSON body; return the call and the model (route) it asks for."""
     if not raw:
         raise ClientError(400, "Request body is empty: send a JSON object.", code="invalid_json")
@@ -65,7 +65,7 @@ def parse_call(op: str, raw: bytes) -> tuple[Call, str]:
         raise ClientError(400, "Embeddings cannot be streamed.", param="stream")
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return Call(op, body, stream, wants_usage), model
+    return Call(op, body, stream, wants_usage, beta), model
 
 
 def _text_size(value: Any) -> int:

@@ -82,7 +82,7 @@ async def routed(request: web.Request, op: str) -> web.StreamResponse:
 
 async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange) -> web.StreamResponse:
     raw = await read_body(request, config.max_body_bytes)
-    call, model = parse_call(op=ex.op, raw=raw)
+    call, model = parse_call(ex.op, raw, request.headers.get("anthropic-beta"))
     ex.stream = call.stream
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
     ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens, op=ex.op)

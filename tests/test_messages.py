@@ -57,6 +57,14 @@ async def test_buffered_to_anthropic_goes_as_it_is(upstreams, proxy, sdk):
     assert decision_of(dict(raw.headers)).served == "claude"
 
 
+async def test_anthropic_beta_reaches_anthropic_but_the_client_key_does_not(upstreams, proxy, sdk):
+    up, p = await to_anthropic(upstreams, proxy)
+    await sdk(p.url).messages.create(**ASK, extra_headers={"anthropic-beta": "prompt-caching-2024-07-31"})
+    sent = {k.lower(): v for k, v in up.calls[0]["headers"].items()}
+    assert sent["anthropic-beta"] == "prompt-caching-2024-07-31"
+    assert "client-key" not in sent.values()
+
+
 async def test_streamed_to_anthropic_goes_event_by_event(upstreams, proxy, sdk):
     _, p = await to_anthropic(upstreams, proxy, messages_handler(words=["Hel", "lo"]))
     async with sdk(p.url).messages.stream(**ASK) as stream:

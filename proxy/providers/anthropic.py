@@ -46,6 +46,8 @@ class AnthropicAdapter:
         headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
         if provider.api_key:
             headers["x-api-key"] = provider.api_key
+        if call.beta:  # opt-in features the client asked Anthropic for (prompt caching, tools…)
+            headers["anthropic-beta"] = call.beta
         return UpstreamRequest("POST", provider.base_url + "/messages", headers, orjson.dumps(body))
 
     def is_context_overflow(self, status: int, body: bytes) -> bool:

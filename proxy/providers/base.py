@@ -30,6 +30,7 @@ class Call:
     body: dict[str, Any]
     stream: bool
     wants_usage: bool = False  # the client itself asked for stream_options.include_usage
+    beta: str | None = None  # the client's anthropic-beta header, for Anthropic targets only
 
 
 @dataclass(frozen=True, slots=True)
