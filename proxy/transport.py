@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
-import orjson
 
 from .config import Provider
 from .providers.base import UpstreamRequest
@@ -158,5 +157,5 @@ class SimTransport:
         return sim
 
     async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
-        answer = await self.simulator(provider).answer(req.extra["op"], orjson.loads(req.body))
+        answer = await self.simulator(provider).answer(req.extra["op"], req.extra["json"])
         return SimUpstream(answer.status, answer.headers, answer.body, answer.stream)

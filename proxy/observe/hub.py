@@ -8,12 +8,16 @@ flight) are refreshed from the gateway when /metrics is scraped.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..config import Config
 from . import Observer
 from .accesslog import AccessLog
 from .ledger import Ledger
 from .metrics import Metrics, names_from_config
+
+if TYPE_CHECKING:
+    from ..gateway import Gateway
 
 log = logging.getLogger("firstbyte")
 
@@ -61,11 +65,8 @@ class Hub:
                 else:
                     self.ledger = ledger
 
-    def scrape(self, gateway: object) -> tuple[bytes, str]:
+    def scrape(self, gateway: Gateway) -> tuple[bytes, str]:
         """Render /metrics after copying the live state gauges in."""
-        from ..gateway import Gateway
-
-        assert isinstance(gateway, Gateway)
         now = gateway.clock()
         state = gateway.state
         seen: set[str] = set()

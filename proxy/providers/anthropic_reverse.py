@@ -257,6 +257,11 @@ def _event(kind: str, payload: Json) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **payload}) + b"\n\n"
 
 
+def error_event(message: str) -> bytes:
+    """The event that ends a broken stream on ``/v1/messages``, in Anthropic's shape."""
+    return _event("error", {"error": {"type": "api_error", "message": message}})
+
+
 class OpenAIStreamToAnthropic:
     """Translate OpenAI chunks into Anthropic events as they arrive. Anthropic wants one
     content block at a time, so a text run or a tool call opens a block and whatever

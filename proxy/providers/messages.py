@@ -19,7 +19,7 @@ from .anthropic_reverse import (
     anthropic_to_openai_request,
     openai_to_anthropic_response,
 )
-from .anthropic_reverse import _event as anthropic_event
+from .anthropic_reverse import error_event as anthropic_error_event
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 
 __all__ = ["ReverseMessages"]
@@ -29,7 +29,7 @@ class _MessagesStream(OpenAIStreamToAnthropic):
     """The reverse stream translator, plus the relay's closing error event in Anthropic's shape."""
 
     def error_event(self, message: str) -> bytes:
-        return anthropic_event("error", {"error": {"type": "api_error", "message": message}})
+        return anthropic_error_event(message)
 
 
 class ReverseMessages:

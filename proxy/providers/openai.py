@@ -35,9 +35,7 @@ def is_overflow_text(body: bytes) -> bool:
 
 class OpenAIAdapter:
     def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
-        body = dict(call.body)
-        body["model"] = target.model
-        with_usage(body, call)
+        body = upstream_body(target, call)
         headers = {"content-type": "application/json"}
         if provider.api_key:
             headers["authorization"] = f"Bearer {provider.api_key}"
@@ -59,8 +57,12 @@ class OpenAIAdapter:
         return OpenAIUsageTap(keep_usage_chunk=call.wants_usage) if call.stream else None
 
 
-def with_usage(body: dict[str, Any], call: Call) -> None:
-    """Ask a streamed chat or completion for its usage chunk, keeping the client's other options."""
+def upstream_body(target: Target, call: Call) -> dict[str, Any]:
+    """The client's body with the target's upstream model; a streamed chat or completion also
+    asks for its usage chunk, keeping the client's other stream options."""
+    body = dict(call.body)
+    body["model"] = target.model
     if call.stream and call.op in ("chat", "completions"):
         options = body.get("stream_options")
         body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return body

@@ -17,7 +17,7 @@ import re
 
 import orjson
 
-from .anthropic_reverse import _event as anthropic_event
+from .anthropic_reverse import error_event as anthropic_error_event
 from .anthropic_wire import AnthropicStreamError, usage_from_anthropic
 
 __all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
@@ -168,7 +168,7 @@ class AnthropicUsageTap:
 
     def error_event(self, message: str) -> bytes:
         """The relay's closing event for a failed stream, in Anthropic's shape."""
-        return anthropic_event("error", {"error": {"type": "api_error", "message": message}})
+        return anthropic_error_event(message)
 
     def _inspect(self, event: bytes) -> None:
         try:
