@@ -167,6 +167,20 @@ async def test_refresher_carries_measured_costs_from_the_ledger(tmp_path):
     assert missing.costs == {}
 
 
+async def test_refresher_follows_the_ledger_the_running_config_names(tmp_path):
+    path = tmp_path / "ledger.db"
+    now = 1_700_000_000.0
+    _ledger_rows(path, now, [("a", "chat", 0.002, 200, 0)] * 5)
+    current: dict[str, str | None] = {"ledger": None}  # as after a reload that has no ledger yet
+    state = State()
+    refresher = CostRefresher(lambda: current["ledger"], state, clock=lambda: now)
+    await refresher.refresh()
+    assert state.costs == {}
+    current["ledger"] = str(path)  # a reload names a ledger
+    await refresher.refresh()
+    assert state.costs == {("a", "chat"): pytest.approx(0.002)}
+
+
 async def test_header_and_explain_show_the_score(upstreams, proxy):
     from .conftest import ok_handler
 
