@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import pytest
+from aioprometheus import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, Provider, Route, Target
 from proxy.observe import Finished
-from proxy.observe.metrics import Metrics, names_from_config
+from proxy.observe.metrics import FIRST_CHUNK_BUCKETS, Metrics, names_from_config
 from proxy.routing.decision import Attempt, Decision, Excluded, Ranked
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -132,6 +133,30 @@ def test_first_chunk_histogram_by_target() -> None:
     assert value(samples, f"{name}_bucket", target="openai", le="1.0") == 2
     assert value(samples, f"{name}_bucket", target="openai", le="+Inf") == 2
     assert (f"{name}_count", frozenset({("target", "groq")})) not in samples  # groq never answered
+
+
+def test_first_chunk_histogram_matches_one_observation_at_a_time() -> None:
+    """Observations are bucketed in a batch at scrape time; the result must equal aioprometheus's own
+    observe() per value, bounds included (a value equal to a bound falls in that bucket)."""
+    values = [0.05, 0.051, 0.5, 0.7, 1.0, 2.5, 59.0, 61.0, 0.001, 0.25, 0.25]
+    metrics = make()
+    for i, seconds in enumerate(values):
+        metrics.on_finished(finished(Decision(
+            id=f"h{i}", route="chat", strategy="ordered", order=(Ranked("groq", "written"),),
+            attempts=(Attempt("groq", "200", seconds, ttfc=seconds),), served="groq", status=200)))
+        if i == 4:
+            scrape(metrics)  # a scrape in between: the second batch adds to the first
+    samples, _, _ = scrape(metrics)
+    reference = Histogram("ref", "one at a time", buckets=FIRST_CHUNK_BUCKETS)
+    for seconds in values:
+        reference.observe({"target": "groq"}, seconds)
+    expected = reference.get({"target": "groq"})
+    name = "firstbyte_first_chunk_seconds"
+    for bound in FIRST_CHUNK_BUCKETS:
+        assert value(samples, f"{name}_bucket", target="groq", le=str(bound)) == expected[bound], bound
+    assert value(samples, f"{name}_bucket", target="groq", le="+Inf") == len(values)
+    assert value(samples, f"{name}_count", target="groq") == expected["count"] == len(values)
+    assert value(samples, f"{name}_sum", target="groq") == pytest.approx(expected["sum"])
 
 
 def test_scrape_time_gauges() -> None:

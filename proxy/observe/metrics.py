@@ -16,7 +16,9 @@ targets that no longer exist.
 
 from __future__ import annotations
 
+import math
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
 from aioprometheus import Counter, Gauge, Histogram, Registry, render
@@ -64,6 +66,9 @@ MAX_PENDING = 10000  # first-chunk observations held between scrapes before they
 BREAKER_STATES = {"closed": 0, "open": 1, "probing": 2, "half_open": 2, "half-open": 2}
 
 _CODE = re.compile(r"^[1-5]\d\d$")
+
+# A finished exchange as counted: route, served, status, first reason, and (target, outcome) per attempt.
+_Key = tuple[str | None, str | None, int, str | None, tuple[tuple[str, str], ...]]
 
 
 def names_from_config(config: Config) -> tuple[set[str], set[str]]:
@@ -130,7 +135,8 @@ class Metrics:
             registry=r,
         )
         self.ledger_dropped.set({}, 0)
-        self._pending: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._counts: dict[_Key, int] = {}
+        self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
         self._counters = {c.name: c for c in (self.requests, self.decisions, self.failovers, self.attempts,
                                               self.tokens, self.cost)}
         self._observed: list[tuple[str, float]] = []
@@ -141,6 +147,7 @@ class Metrics:
 
     def reconfigure(self, routes: Iterable[str], targets: Iterable[str]) -> None:
         """Take a reloaded config's names; gauges of targets that left are removed."""
+        self._apply()  # what was counted before the reload keeps the names it had then
         self.routes = frozenset(routes)
         self.targets = frozenset(targets)
         for gauge in (self.target_latency, self.breaker_state, self.in_flight):
@@ -173,45 +180,67 @@ class Metrics:
     # -- the observer --------------------------------------------------------
 
     def on_finished(self, finished: Finished) -> None:
-        """Count into plain dicts; aioprometheus hears about it at scrape time (see _apply)."""
+        """Count the exchange under its raw names; labels are bounded and handed to aioprometheus
+        at scrape time (see _apply), once per distinct combination rather than once per request."""
         d = finished.decision
-        route = self._route(d.route if d is not None else None)
-        served = self._target(d.served if d is not None else None)
-        add = self._add
-        add(self.requests, (("route", route), ("served", served), ("status", self._status(finished.status))), 1)
         if d is None:
-            return
-        reason = d.first_reason
-        add(self.decisions, (("route", route), ("first_reason", reason if reason in FIRST_REASONS else OTHER)), 1)
-        failovers = d.failovers
-        add(self.failovers, (("route", route),), failovers)
-        for attempt in d.attempts:
-            target = self._target(attempt.name)
-            add(self.attempts, (("target", target), ("outcome", self._outcome(attempt.outcome))), 1)
-            if attempt.ttfc is not None and attempt.ttfc >= 0:
-                self._observed.append((target, attempt.ttfc))
-        if d.served:
-            for kind in ("prompt", "completion"):
-                count = d.usage.get(f"{kind}_tokens")
-                if isinstance(count, int) and count > 0:
-                    add(self.tokens, (("target", served), ("kind", kind)), count)
-            if d.cost_usd is not None and d.cost_usd >= 0:
-                add(self.cost, (("route", route), ("target", served)), d.cost_usd)
-        if len(self._observed) >= MAX_PENDING:
+            key: _Key = (None, None, finished.status, None, ())
+        else:
+            attempts = d.attempts
+            if len(attempts) == 1:
+                a = attempts[0]
+                tried: tuple[tuple[str, str], ...] = ((a.name, a.outcome),)
+                if a.ttfc is not None:
+                    self._observed.append((a.name, a.ttfc))
+            else:
+                tried = tuple((a.name, a.outcome) for a in attempts)
+                self._observed.extend((a.name, a.ttfc) for a in attempts if a.ttfc is not None)
+            key = (d.route, d.served, finished.status, d.first_reason, tried)
+            if d.served and (d.usage or d.cost_usd is not None):
+                self._spent.append((d.route, d.served, d.usage, d.cost_usd))
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
+        if len(self._observed) >= MAX_PENDING or len(counts) >= MAX_PENDING or len(self._spent) >= MAX_PENDING:
             self._apply()
-
-    def _add(self, metric: Counter, labels: tuple[tuple[str, str], ...], amount: float) -> None:
-        key = (metric.name, labels)
-        self._pending[key] = self._pending.get(key, 0) + amount
 
     def _apply(self) -> None:
         """Hand what was counted since the last scrape to aioprometheus (its label checks are slow)."""
-        pending, self._pending = self._pending, {}
+        pending: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+        def add(metric: Counter, labels: tuple[tuple[str, str], ...], amount: float) -> None:
+            k = (metric.name, labels)
+            pending[k] = pending.get(k, 0) + amount
+
+        counts, self._counts = self._counts, {}
+        for (route_name, served_name, status, reason, tried), n in counts.items():
+            route = self._route(route_name)
+            add(self.requests, (("route", route), ("served", self._target(served_name)),
+                                ("status", self._status(status))), n)
+            if reason is None:
+                continue
+            add(self.decisions, (("route", route), ("first_reason", reason if reason in FIRST_REASONS else OTHER)), n)
+            names = [name for i, (name, _) in enumerate(tried) if i == 0 or tried[i - 1][0] != name]
+            add(self.failovers, (("route", route),), max(0, len(names) - 1) * n)
+            for name, outcome in tried:
+                add(self.attempts, (("target", self._target(name)), ("outcome", self._outcome(outcome))), n)
+        spent, self._spent = self._spent, []
+        for route_name, served_name, usage, cost in spent:
+            served = self._target(served_name)
+            for kind in ("prompt", "completion"):
+                count = usage.get(f"{kind}_tokens")
+                if isinstance(count, int) and count > 0:
+                    add(self.tokens, (("target", served), ("kind", kind)), count)
+            if cost is not None and cost >= 0:
+                add(self.cost, (("route", self._route(route_name)), ("target", served)), cost)
         for (name, labels), amount in pending.items():
             self._counters[name].add(dict(labels), amount)
         observed, self._observed = self._observed, []
+        by_target: dict[str, list[float]] = {}
         for target, seconds in observed:
-            self.first_chunk.observe({"target": target}, seconds)
+            if seconds >= 0:
+                by_target.setdefault(self._target(target), []).append(seconds)
+        for target, values in by_target.items():
+            _observe_many(self.first_chunk, {"target": target}, values)
 
     async def close(self) -> None:
         """Nothing to flush: the registry lives in memory until the process ends."""
@@ -247,3 +276,20 @@ class Metrics:
         self._apply()
         body, headers = render(self.registry, list(accepts))
         return body, headers["Content-Type"]
+
+
+def _observe_many(collector: Histogram, labels: dict[str, str], values: list[float]) -> None:
+    """Many observations into one labelled histogram: its label lookup once, buckets by bisection
+    (``Histogram.observe`` walks every bucket and checks the labels for each value)."""
+    collector.observe(labels, values[0])  # creates the series when it is new
+    h = collector.get_value(labels)
+    bounds = list(h.buckets)
+    per_bucket = [0] * len(bounds)
+    for value in values[1:]:
+        per_bucket[bisect_left(bounds, value)] += 1
+    running = 0
+    for bound, n in zip(bounds, per_bucket, strict=True):
+        running += n
+        h.buckets[bound] += running
+    h.sum += math.fsum(values[1:])
+    h.observations += len(values) - 1
