@@ -1,11 +1,14 @@
-"""Idle and total deadlines of committed streams, kept by one sweeper.
+"""Deadlines of upstream calls, kept by one sweeper: first chunk, idle and total.
 
 aiohttp's ``sock_read`` and ``total`` timeouts re-arm a timer on every socket
 read, which measured as the single largest cost firstbyte added to a relayed
-call. Instead each committed call stamps when it started waiting for the
-upstream, and one task per gateway looks at every open call a few times per
-idle period. An expired call gets an exception set on its reader, so the relay
-ends the client's stream with an error event, as it would for any cut.
+call, and ``asyncio.timeout`` around each attempt cost another few percent.
+Instead each call stamps when it started (and, once committed, when it started
+waiting for the upstream), and one task per gateway looks at every open call
+ten times per shortest deadline. An attempt still waiting for its first chunk
+is cancelled and the walker reports a timeout; a committed call gets an
+exception set on its reader, so the relay ends the client's stream with an
+error event, as it would for any cut.
 
 ``sweep()`` is pure (it takes ``now``), so the rules are tested without time.
 """
@@ -59,10 +62,11 @@ class Deadlines:
     def forget(self, call: Watched) -> None:
         self.calls.discard(call)
 
-    def tune(self, idles: Iterable[float]) -> None:
-        """Look a few times per shortest idle period, between 50 ms and 1 s."""
-        shortest = min(idles, default=4.0)
-        self.interval = min(1.0, max(0.05, shortest / 4))
+    def tune(self, limits: Iterable[float]) -> None:
+        """Look ten times per shortest idle or first-chunk period, between 20 ms and 1 s, so a
+        deadline fires at most a tenth of its length late (never early)."""
+        shortest = min(limits, default=10.0)
+        self.interval = min(1.0, max(0.02, shortest / 10))
 
     def expire_due(self) -> int:
         due = sweep(list(self.calls), self.clock())

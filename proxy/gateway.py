@@ -64,7 +64,7 @@ class Gateway:
             )
             rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
         self.state.configure(config)
-        self.deadlines.tune(p.timeouts.idle for p in config.providers.values())
+        self.deadlines.tune(t for p in config.providers.values() for t in (p.timeouts.idle, p.timeouts.first_chunk))
         self.sized_routes = frozenset(
             name
             for name, route in config.routes.items()

@@ -77,6 +77,35 @@ class Lease:
             self._ts.breaker.failure(self._walker.clock(), self._route.cooldown)
 
 
+class _Waiting:
+    """An attempt waiting for its first chunk, watched by the deadline sweeper.
+
+    ``asyncio.timeout`` arms and cancels a loop timer per attempt, which measured
+    as a noticeable share of a relayed call; the sweeper that already keeps idle
+    and total deadlines (``proxy/deadlines.py``) keeps this one too, and cancels
+    the attempt's task when it passes. The walker turns that cancellation back
+    into a timeout, exactly as ``asyncio.timeout`` would.
+    """
+
+    __slots__ = ("expired", "idle", "started", "task", "total", "waiting_since")
+
+    def __init__(self, task: asyncio.Task[object], started: float, limit: float) -> None:
+        self.task = task
+        self.started = started
+        self.total = limit
+        self.idle = limit
+        self.waiting_since: float | None = None
+        self.expired = False
+
+    def expire(self, reason: str) -> None:
+        self.expired = True
+        self.task.cancel()
+
+    def timed_out(self) -> bool:
+        """After a CancelledError: was it our deadline (and nobody else's cancel)?"""
+        return self.expired and self.task.uncancel() == 0
+
+
 @dataclass(slots=True)
 class WalkResult:
     attempts: list[Attempt] = field(default_factory=list)
@@ -154,9 +183,14 @@ class Walker:
         counted = False
         upstream: Upstream | None = None
         verdict = False  # the breaker heard a success or failure for this attempt
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = _Waiting(task, started, provider.timeouts.first_chunk)
+        deadlines = self.deadlines
+        deadlines.watch(waiting)
         try:
             try:
-                async with asyncio.timeout(provider.timeouts.first_chunk):
+                try:
                     if limiter is not None:
                         await limiter.acquire()
                         acquired = True
@@ -165,10 +199,16 @@ class Walker:
                     upstream = await transport.send(provider, request)
                     ok = 200 <= upstream.status < 300
                     first = await upstream.chunk() if ok else await upstream.read(MAX_ERROR_BODY)
-                if ok and not call.stream and not upstream.at_eof():
-                    # The rest of a buffered body; its deadline is the provider's total.
-                    async with asyncio.timeout(provider.timeouts.total - (self.clock() - started)):
+                    if ok and not call.stream and not upstream.at_eof():
+                        # The rest of a buffered body; its deadline is the provider's total.
+                        waiting.total = provider.timeouts.total
                         first += await upstream.read(MAX_BUFFERED_BODY)
+                except asyncio.CancelledError:
+                    if waiting.timed_out():
+                        raise TimeoutError("no first chunk before the deadline") from None
+                    raise
+                finally:
+                    deadlines.forget(waiting)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

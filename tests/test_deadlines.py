@@ -53,12 +53,12 @@ def test_expire_due_tells_the_call_and_forgets_it() -> None:
     assert deadlines.calls == {fresh}
 
 
-def test_sweep_interval_follows_the_shortest_idle() -> None:
+def test_sweep_interval_follows_the_shortest_deadline() -> None:
     deadlines = Deadlines(lambda: 0.0)
     deadlines.tune([60.0, 0.4])
-    assert deadlines.interval == pytest.approx(0.1)
+    assert deadlines.interval == pytest.approx(0.04)
     deadlines.tune([0.01])
-    assert deadlines.interval == 0.05
+    assert deadlines.interval == 0.02
     deadlines.tune([600.0])
     assert deadlines.interval == 1.0
 

@@ -101,6 +101,22 @@ def _text_value(value: Any) -> str:
     return json.dumps(text, ensure_ascii=True)
 
 
+_quoted: dict[str, str] = {}  # strings seen before and how they are written: most lines repeat them
+MAX_QUOTED = 4096
+
+
+def _text(value: str | None) -> str:
+    """:func:`_text_value` for a string, remembered (clients, paths and names recur on every line)."""
+    if value is None:
+        return "-"
+    text = _quoted.get(value)
+    if text is None:
+        if len(_quoted) >= MAX_QUOTED:
+            _quoted.clear()
+        text = _quoted[value] = _text_value(value)
+    return text
+
+
 def _num(value: float | None, places: str = ".3f") -> str:
     return "-" if value is None else format(value, places)
 
@@ -114,7 +130,7 @@ def format_text(finished: Finished) -> str:
     :func:`_text_value`, which quotes it when it is not plain.
     """
     d = finished.decision
-    t = _text_value
+    t = _text
     if d is None:
         rid, routed = "-", "route=- served=- attempts=0 failovers=0"
         tokens = "prompt_tokens=- completion_tokens=- cost_usd=-"
@@ -123,10 +139,14 @@ def format_text(finished: Finished) -> str:
         rid = d.id
         routed = f"route={t(d.route)} served={t(d.served)} attempts={len(d.attempts)} failovers={d.failovers}"
         usage = d.usage
-        tokens = (f"prompt_tokens={t(usage.get('prompt_tokens'))} "
-                  f"completion_tokens={t(usage.get('completion_tokens'))} cost_usd={_num(d.cost_usd, '.6f')}")
+        if usage:
+            tokens = (f"prompt_tokens={_text_value(usage.get('prompt_tokens'))} "
+                      f"completion_tokens={_text_value(usage.get('completion_tokens'))} "
+                      f"cost_usd={_num(d.cost_usd, '.6f')}")
+        else:
+            tokens = f"prompt_tokens=- completion_tokens=- cost_usd={_num(d.cost_usd, '.6f')}"
         decision = orjson.dumps(d.header()).decode()  # always quoted: it holds spaces and ';'
-    error = "" if finished.error is None else f" error={t(finished.error)}"
+    error = "" if finished.error is None else f" error={_text_value(finished.error)}"
     return (f"{_iso(finished.started)} id={rid} client={t(finished.client)} method={t(finished.method)} "
             f"path={t(finished.path)} status={finished.status} {routed} "
             f"stream={'true' if finished.stream else 'false'} ttfc={_num(_secs(finished.ttfc))} "
