@@ -447,6 +447,7 @@ async def test_aiohttp_refusals_take_the_openai_shape(proxy, method, path, statu
         err = (await resp.json())["error"]
         assert err["code"] == f"http_{status}"
         assert path in err["message"]
+        assert resp.headers.get("Allow") == ("POST" if status == 405 else None)
 
 
 async def test_client_leaving_before_the_first_chunk_cancels_the_upstream_call(upstreams, proxy):

@@ -120,6 +120,11 @@ async def test_client_keys_guard_v1_but_not_health(service: Running) -> None:
             assert resp.status == 200
         async with s.post(service.url + "/v1/chat/completions", json=body, headers={"x-api-key": KEY}) as resp:
             assert resp.status == 200
+        for path in ("/v1/models", "/v1/health", "/v1/routes/chat/explain", "/v1/no-such-endpoint"):
+            async with s.get(service.url + path) as resp:  # every /v1 path, known or not, asks for a key
+                assert resp.status == 401, path
+            async with s.get(service.url + path, headers=service.headers()) as resp:
+                assert resp.status == (404 if "no-such" in path else 200), path
         for path in ("/healthz", "/readyz", "/metrics"):
             async with s.get(service.url + path) as resp:
                 assert resp.status == 200, path
