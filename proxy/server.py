@@ -102,7 +102,14 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     assert gw.walker is not None
     result = await gw.walker.walk(config, planned.route, planned.targets, call, rescued=planned.rescued)
     served = result.attempts[-1].name if result.lease is not None or 200 <= result.status < 300 else None
-    decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status)
+    if served is not None and result.lease is None:
+        # A buffered answer: its usage is known now, so the record is built once, priced.
+        target = planned.route.target(served)
+        decision = priced(decision, target.price if target is not None else None,
+                          usage_of_body(call.op, result.body),
+                          attempts=tuple(result.attempts), served=served, status=result.status)
+    else:
+        decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status)
     ex.decision, ex.status = decision, result.status
     extra = {HEADER: decision.header(), "x-request-id": decision.id}
 
@@ -118,10 +125,6 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
         headers = forward_headers(result.headers, extra)
         response = web.Response(body=result.body, status=result.status, headers=headers)
         ex.sent, ex.first_sent = len(result.body), gw.clock()
-        if served is not None:
-            target = planned.route.target(served)
-            price = target.price if target is not None else None
-            ex.decision = priced(decision, price, usage_of_body(call.op, result.body))
         return response
     # Everything failed: the last error, in the OpenAI shape.
     ex.sent, ex.first_sent = len(result.body), gw.clock()

@@ -10,6 +10,7 @@ declared price has no cost, never a guessed one.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import orjson
 
@@ -94,8 +95,10 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
-def priced(decision: Decision, price: Price | None, usage: Usage | None) -> Decision:
-    """The decision with the served call's token counts and cost on it, for the observers."""
-    if not usage:
-        return decision
-    return decision.but(usage=dict(usage), cost_usd=cost_of(usage, price))
+def priced(decision: Decision, price: Price | None, usage: Usage | None, **changes: Any) -> Decision:
+    """The decision with the served call's token counts and cost on it (and any other ``changes``),
+    for the observers; ``usage`` is the caller's to give away."""
+    if usage:
+        changes["usage"] = usage
+        changes["cost_usd"] = cost_of(usage, price)
+    return decision.but(**changes) if changes else decision

@@ -102,11 +102,9 @@ class Decision:
 
     def but(self, **changes: Any) -> Decision:
         """A copy with some fields changed: ``dataclasses.replace`` without its per-call introspection."""
-        values = {name: getattr(self, name) for name in _FIELDS}
-        values.update(changes)
         if not _HEADER_FIELDS.isdisjoint(changes):
-            values["_header"] = None
-        return Decision(**values)
+            changes["_header"] = None
+        return Decision(*[changes[name] if name in changes else getattr(self, name) for name in _FIELDS])
 
 
 _FIELDS = tuple(f for f in Decision.__dataclass_fields__)
