@@ -13,7 +13,8 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from .classify import BUSY, Outcome, classify_exception, classify_status
 from .config import Config, Provider, Route, Target
@@ -33,6 +34,7 @@ MAX_ERROR_BODY = 64 * 1024
 MAX_BUFFERED_BODY = 64 * 1024 * 1024
 BACKOFF_BASE = 0.05
 BACKOFF_CAP = 2.0
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 SKIPPED = Outcome("cooldown", True, 503, "breaker open or probing", counts=False)
 
 
@@ -106,14 +108,18 @@ class _Waiting:
         return self.expired and self.task.uncancel() == 0
 
 
-@dataclass(slots=True)
 class WalkResult:
-    attempts: list[Attempt] = field(default_factory=list)
-    lease: Lease | None = None  # a committed answer (streamed or buffered)
-    status: int = 502
-    headers: Mapping[str, str] = field(default_factory=dict)
-    body: bytes = b""  # the buffered answer, a client error as it is, or the final error
-    outcome: Outcome | None = None  # why the walk ended without an answer
+    """What a walk ended with: filled in attempt by attempt."""
+
+    __slots__ = ("attempts", "body", "headers", "lease", "outcome", "status")
+
+    def __init__(self) -> None:
+        self.attempts: list[Attempt] = []
+        self.lease: Lease | None = None  # a committed answer (streamed or buffered)
+        self.status = 502
+        self.headers: Mapping[str, str] = NO_HEADERS
+        self.body = b""  # the buffered answer, a client error as it is, or the final error
+        self.outcome: Outcome | None = None  # why the walk ended without an answer
 
 
 class Walker:
@@ -273,7 +279,7 @@ class Walker:
         if result.outcome is None:  # otherwise the last upstream error stays the answer
             reason = ts.breaker.health(now).reason
             result.status = 503
-            result.headers = {}
+            result.headers = NO_HEADERS
             result.body = error_body(f"{target.name}: {reason}", error_type(503), code="cooldown")
 
     def _failed(self, result: WalkResult, route: Route, target: Target, ts: TargetState,
@@ -287,7 +293,7 @@ class Walker:
             ts.breaker.cool(now + outcome.retry_after)
         result.outcome = outcome
         result.status = outcome.status
-        result.headers = {}
+        result.headers = NO_HEADERS
         if body is None:
             body = error_body(f"{target.name}: {outcome.message}", error_type(outcome.status),
                               code=outcome.word.replace(" ", "_"))

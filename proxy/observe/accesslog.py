@@ -149,8 +149,8 @@ def format_text(finished: Finished) -> str:
     error = "" if finished.error is None else f" error={_text_value(finished.error)}"
     return (f"{_iso(finished.started)} id={rid} client={t(finished.client)} method={t(finished.method)} "
             f"path={t(finished.path)} status={finished.status} {routed} "
-            f"stream={'true' if finished.stream else 'false'} ttfc={_num(_secs(finished.ttfc))} "
-            f"total={_num(_secs(finished.total))} bytes={finished.bytes_sent} {tokens}{error} decision={decision}")
+            f"stream={'true' if finished.stream else 'false'} ttfc={_num(finished.ttfc)} "
+            f"total={finished.total:.3f} bytes={finished.bytes_sent} {tokens}{error} decision={decision}")
 
 
 def format_json(finished: Finished) -> str:

@@ -22,7 +22,7 @@ class Snapshot(HealthView, OrderView, Protocol):
     """What the planner reads of the state."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: a frozen init costs about three times as much
 class Ask:
     """What routing needs from a request, and nothing more."""
 
@@ -33,7 +33,7 @@ class Ask:
     op: str = "chat"  # the operation, for the score strategy's measured cost per call
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: a frozen init costs about three times as much
 class Plan:
     decision: Decision
     route: Route
@@ -126,7 +126,7 @@ def plan(
                 decision=decision,
             )
 
-    rest = [t for t in result.targets if t is not pinned]
+    rest = list(result.targets) if pinned is None else [t for t in result.targets if t is not pinned]
     # Behind a pin nobody leads, so exploring would only shuffle the fallback.
     out, ranked = order_targets(route, rest, state, now, rng, explore and pinned is None, ask.op)
     if pinned is not None:
@@ -136,13 +136,7 @@ def plan(
         ranked = [Ranked(pinned.name, detail), *_demote(ranked)]
     elif result.rescued is not None and ranked:
         ranked[0] = Ranked(ranked[0].name, "soonest to reopen")
-    decision = Decision(
-        id=ask.id,
-        route=route.name,
-        strategy=route.strategy,
-        order=tuple(ranked),
-        excluded=result.excluded,
-    )
+    decision = Decision(ask.id, route.name, route.strategy, tuple(ranked), result.excluded)
     return Plan(decision, route, tuple(out), result.rescued)
 
 
