@@ -116,27 +116,17 @@ def scrub(text: str) -> str:
     return _UNSAFE.sub(" ", text).strip()
 
 
-def _secs(value: float) -> str:
-    return f"{value:.2f}s"
-
-
 def format_header(decision: Decision) -> str:
-    parts = [
-        f"id={decision.id}",
-        f"route={decision.route}",
-        f"strategy={decision.strategy}",
-        "order=" + ", ".join(f"{r.name}({r.detail})" for r in decision.order),
-    ]
+    # List comprehensions, not generators, inside join: this runs for every request.
+    text = (f"id={decision.id}; route={decision.route}; strategy={decision.strategy}; order="
+            + ", ".join([f"{r.name}({r.detail})" for r in decision.order]))
     if decision.excluded:
-        parts.append("excluded=" + ", ".join(f"{e.name}({e.reason})" for e in decision.excluded))
+        text += "; excluded=" + ", ".join([f"{e.name}({e.reason})" for e in decision.excluded])
     if decision.attempts:
-        parts.append(
-            "attempts="
-            + ", ".join(f"{a.name}({a.outcome} {_secs(a.seconds)})" for a in decision.attempts)
-        )
+        text += "; attempts=" + ", ".join([f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in decision.attempts])
     if decision.served:
-        parts.append(f"served={decision.served}")
-    return "; ".join(parts)
+        text += f"; served={decision.served}"
+    return text
 
 
 class HeaderError(ValueError):
