@@ -65,16 +65,46 @@ def _events(block: bytes) -> list[bytes]:
 
 
 def _event_around(block: bytes, pos: int) -> tuple[int, int]:
-    """The bounds of the complete event that holds ``pos`` (blocks end on an event boundary)."""
-    lf, crlf = block.rfind(b"\n\n", 0, pos), block.rfind(b"\n\r\n", 0, pos)
+    """The bounds of the complete event that holds ``pos`` (blocks end on an event boundary).
+
+    Each search is bounded by the nearest boundary already found, so finding one
+    event costs its own length, not the block's."""
+    lf = block.rfind(b"\n\n", 0, pos)
+    crlf = block.rfind(b"\n\r\n", max(lf, 0), pos)
     start = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
-    ends = [i + n for i, n in ((block.find(b"\n\n", pos), 2), (block.find(b"\n\r\n", pos), 3)) if i >= 0]
-    return start, min(ends) if ends else len(block)
+    lf = block.find(b"\n\n", pos)
+    crlf = block.find(b"\n\r\n", pos, lf + 2 if lf >= 0 else len(block))
+    if crlf >= 0:
+        return start, crlf + 3
+    return start, lf + 2 if lf >= 0 else len(block)
 
 
 def _data(event: bytes) -> bytes:
+    """The event's data; most events are one ``data:`` line, which needs no split."""
+    text = event.rstrip()
+    if text.startswith(b"data:") and b"\n" not in text:
+        return text[5:].lstrip()
     lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
     return b"\n".join(lines)
+
+
+def _usage_objects(block: bytes) -> list[int]:
+    """Where ``"usage": {`` objects start, in order; ``"usage": null`` is passed over.
+
+    Searched from the end, where the usage chunk is (it comes last, before
+    ``[DONE]``): a C-speed ``rfind`` per ``"usage"`` key instead of a regex over
+    the block."""
+    found: list[int] = []
+    at = block.rfind(b'"usage"')
+    while at >= 0:
+        if _USAGE_OBJECT.match(block, at):
+            found.append(at)
+        at = block.rfind(b'"usage"', 0, at)
+    found.reverse()
+    return found
+
+
+DONE_TAIL = 32  # the [DONE] event is the block's last event when it is there: look at the tail only
 
 
 class OpenAIUsageTap:
@@ -88,18 +118,19 @@ class OpenAIUsageTap:
 
     def feed(self, data: bytes) -> bytes:
         framer = self._framer
-        if not framer._pending and data.endswith(b"\n\n"):
-            block = data  # the common case: a read that ends on an event boundary
-        else:
-            block = framer.complete(data)
-        if b'"usage"' not in block or _USAGE_OBJECT.search(block) is None:
-            if b"[DONE]" in block:
-                self.done = True
+        # The common case: a read that ends on an event boundary, with nothing held back.
+        block = data if not framer._pending and data.endswith(b"\n\n") else framer.complete(data)
+        if b"[DONE]" in block[-DONE_TAIL:]:
+            self.done = True  # (an upstream that ends without it is done at finish() anyway)
+        if b'"usage"' not in block:
+            return block
+        found = _usage_objects(block)
+        if not found:
             return block
         # Look only at the events that hold a usage object, not at every event of the block.
         out, cut = [], 0
-        for match in _USAGE_OBJECT.finditer(block):
-            start, end = _event_around(block, match.start())
+        for at in found:
+            start, end = _event_around(block, at)
             if start < cut:
                 continue  # a second usage object inside an event already looked at
             if self._count(block[start:end]):
@@ -108,8 +139,6 @@ class OpenAIUsageTap:
         if cut:
             out.append(block[cut:])
             block = b"".join(out)
-        if b"[DONE]" in block:
-            self.done = True
         return block
 
     def finish(self) -> bytes:
