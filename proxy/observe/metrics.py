@@ -20,8 +20,9 @@ import math
 import re
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from typing import cast
 
-from aioprometheus import Counter, Gauge, Histogram, Registry, render
+from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
 
 from ..config import Config
 from . import Finished
@@ -282,7 +283,7 @@ def _observe_many(collector: Histogram, labels: dict[str, str], values: list[flo
     """Many observations into one labelled histogram: its label lookup once, buckets by bisection
     (``Histogram.observe`` walks every bucket and checks the labels for each value)."""
     collector.observe(labels, values[0])  # creates the series when it is new
-    h = collector.get_value(labels)
+    h = cast(histogram.Histogram, collector.get_value(labels))
     bounds = list(h.buckets)
     per_bucket = [0] * len(bounds)
     for value in values[1:]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "Attempt",
@@ -35,24 +35,25 @@ HEADER = "x-route-decision"
 _UNSAFE = re.compile(r"[^\x20-\x7e]|[;,()=]")
 
 
-@dataclass(frozen=True, slots=True)
-class Ranked:
+# The small records are NamedTuples: immutable like the frozen dataclasses, and built
+# several times per request, where a frozen dataclass's __init__ costs three to four times as much.
+
+
+class Ranked(NamedTuple):
     """One candidate in the order, with why it sits there (``fastest 0.31s``)."""
 
     name: str
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
-class Excluded:
+class Excluded(NamedTuple):
     """A target eligibility removed, with the one reason that removed it."""
 
     name: str
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One upstream try: ``outcome`` is a status code or a failure word (reset, timeout, busy)."""
 
     name: str
