@@ -1,0 +1,118 @@
+"""scripts/instructions: CPU instructions per relayed call, firstbyte against the floor.
+
+Wall-clock and CPU-time figures on a shared 2-core machine move by 5-10 % from
+run to run; an instruction count does not. This runs the floor
+(``scripts/floor.py``) and firstbyte (a one-target route) under valgrind's
+callgrind with collection off, warms each up, switches collection on for
+``--calls`` calls at concurrency 16 from ``scripts/loadgen.py``, and prints the
+instructions per call and firstbyte's ratio to the floor, buffered and
+streamed. Repeat runs agree to about 1-2 %. Use it to see what a change to the
+hot path costs; ``scripts/bench`` remains the measure of latency and
+throughput. Needs valgrind (Debian package ``valgrind``).
+
+    scripts/instructions [--calls 300] [--other NAME=DIR ...]
+
+``--other`` adds a firstbyte whose ``proxy`` package is in DIR (put first on
+PYTHONPATH), to compare two versions of the code in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # the process helpers are shared with scripts/bench
+
+
+def callgrind(args: list[str], out: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *args],
+        env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=bench.ROOT)
+
+
+def total_instructions(out: Path) -> int:
+    total = 0
+    for path in out.parent.glob(out.name + "*"):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(("totals:", "summary:")):
+                total = max(total, int(line.split()[1]))
+    return total
+
+
+def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: bench.Loadgen, tmp: Path,
+            stream: bool, calls: int) -> float:
+    out = tmp / f"callgrind-{name}-{'stream' if stream else 'buffer'}.out"
+    proc = callgrind(args, out, env, tmp / f"{name}.log")
+    try:
+        bench.wait_port(port, proc, timeout=120)
+        url = f"http://127.0.0.1:{port}{bench.PATH}"
+        body = dict(bench.BODY, model="one", stream=stream)
+        run = {"op": "run", "url": url, "body": body, "stream": stream, "concurrency": 16, "warmup": 0}
+        gen.call({**run, "requests": 200})
+        subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+        gen.call({**run, "requests": calls})
+        subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return total_instructions(out) / calls
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="instructions per relayed call, firstbyte vs the floor")
+    p.add_argument("--calls", type=int, default=300, help="calls counted per measurement")
+    p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
+                   help="another firstbyte whose proxy package is in DIR")
+    args = p.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("scripts/instructions needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="firstbyte-instr-"))
+    procs = bench.Procs(tmp)
+    gen: bench.Loadgen | None = None
+    rows: dict[str, dict[str, float]] = {}
+    try:
+        sim = bench.free_port()
+        bench.simulate(procs, "sim", sim, 2.0, 0, 8)
+        gen = bench.Loadgen()
+        versions = {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}
+        for stream in (False, True):
+            kind = "streamed" if stream else "buffered"
+            port = bench.free_port()
+            floor = [sys.executable, str(bench.ROOT / "scripts" / "floor.py"), "--port", str(port),
+                     "--upstream", f"http://127.0.0.1:{sim}"]
+            rows.setdefault("floor", {})[kind] = measure("floor", floor, dict(os.environ), port, gen, tmp,
+                                                         stream, args.calls)
+            for name, path in versions.items():
+                port = bench.free_port()
+                config = {"listen": f"127.0.0.1:{port}", "access_log": {"format": "text", "path": "/dev/null"},
+                          "providers": {"p1": {"kind": "openai", "base_url": f"http://127.0.0.1:{sim}/v1"}},
+                          "routes": {"one": {"strategy": "ordered",
+                                             "targets": [{"provider": "p1", "model": "sim"}]}}}
+                config_path = tmp / f"{name}.json"  # JSON is YAML
+                config_path.write_text(json.dumps(config))
+                env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
+                cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
+                rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls)
+    finally:
+        if gen is not None:
+            gen.close()
+        procs.stop_all()
+    print(f"instructions per call (callgrind, {args.calls} calls at concurrency 16, thousands)\n")
+    print(f"{'':<14}{'buffered':>10}{'x floor':>9}{'streamed':>10}{'x floor':>9}")
+    for name, row in rows.items():
+        b, s = row["buffered"], row["streamed"]
+        print(f"{name:<14}{b / 1000:>10.0f}{b / rows['floor']['buffered']:>9.2f}"
+              f"{s / 1000:>10.0f}{s / rows['floor']['streamed']:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
