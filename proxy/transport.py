@@ -82,16 +82,15 @@ class HttpUpstream:
 class HttpTransport:
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
-        self._timeouts: dict[str, aiohttp.ClientTimeout] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     def timeout(self, provider: Provider) -> aiohttp.ClientTimeout:
-        t = provider.timeouts
-        key = str(t.connect)
-        timeout = self._timeouts.get(key)
+        connect = provider.timeouts.connect
+        timeout = self._timeouts.get(connect)
         if timeout is None:
-            # Only the connect deadline is aiohttp's: idle and total are kept by
-            # proxy.deadlines, without re-arming a timer on every read.
-            timeout = self._timeouts[key] = aiohttp.ClientTimeout(total=None, sock_connect=t.connect)
+            # Only the connect deadline is aiohttp's: first chunk, idle and total are kept by
+            # proxy.deadlines, without a timer armed per attempt or re-armed on every read.
+            timeout = self._timeouts[connect] = aiohttp.ClientTimeout(total=None, sock_connect=connect)
         return timeout
 
     async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:

@@ -89,6 +89,8 @@ class Decision:
     @property
     def failovers(self) -> int:
         """Targets moved past before one answered (retries on one target do not count)."""
+        if len(self.attempts) < 2:
+            return 0
         names: list[str] = []
         for attempt in self.attempts:
             if not names or names[-1] != attempt.name:
