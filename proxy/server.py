@@ -49,8 +49,7 @@ class Exchange:
         self.error: str | None = None
 
 
-async def routed(request: web.Request, op: str) -> web.StreamResponse:
-    gw = request.app[GATEWAY]
+async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamResponse:
     config = gw.config  # this request finishes on the config it started with
     ex = Exchange(op, gw.clock())
     try:
@@ -120,19 +119,23 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     return error_response(result.status, result.body, decision)
 
 
-async def messages(request: web.Request) -> web.StreamResponse:
+def messages(gw: Gateway) -> Handler:
     """Anthropic's Messages API for clients that speak it: routed like any request, and every
     error it answers (firstbyte's own 400/404/503 included) in Anthropic's error shape."""
-    response = await routed(request, "messages")
-    if response.status >= 400 and isinstance(response, web.Response) and isinstance(response.body, bytes):
-        response.body = openai_error_to_anthropic(response.status, response.body)
-    return response
+
+    async def handle_messages(request: web.Request) -> web.StreamResponse:
+        response = await routed(gw, request, "messages")
+        if response.status >= 400 and isinstance(response, web.Response) and isinstance(response.body, bytes):
+            response.body = openai_error_to_anthropic(response.status, response.body)
+        return response
+
+    return handle_messages
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def guarded(inner: Handler, *, anthropic: bool = False) -> Handler:
+def guarded(gw: Gateway, inner: Handler, *, anthropic: bool = False) -> Handler:
     """An endpoint under /v1: client keys first, and whatever escapes it in the OpenAI shape.
 
     This wraps each handler instead of being aiohttp middleware: two middlewares
@@ -141,7 +144,7 @@ def guarded(inner: Handler, *, anthropic: bool = False) -> Handler:
     """
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        keys = request.app[GATEWAY].config.clients.keys
+        keys = gw.config.clients.keys
         if keys and not _key_accepted(request, keys):
             return _key_refused(anthropic)
         try:
@@ -160,11 +163,11 @@ def guarded(inner: Handler, *, anthropic: bool = False) -> Handler:
     return handle
 
 
-def handler(op: str) -> Handler:
+def handler(gw: Gateway, op: str) -> Handler:
     """A routed endpoint for one operation."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        return await routed(request, op)
+        return await routed(gw, request, op)
 
     handle.__name__ = f"handle_{op}"
     return handle
@@ -206,7 +209,7 @@ def _refusal(request: web.Request, status: int, reason: str, allow: str | None =
                         headers={"Allow": allow} if allow else None)
 
 
-def no_endpoint(known: dict[str, set[str]]) -> Handler:
+def no_endpoint(gw: Gateway, known: dict[str, set[str]]) -> Handler:
     """The catch-all route: an unknown path is a 404 and a known path with another method a 405,
     both in the OpenAI shape (and behind client keys under /v1, like every endpoint there)."""
 
@@ -216,7 +219,7 @@ def no_endpoint(known: dict[str, set[str]]) -> Handler:
             return _refusal(request, 404, "Not Found")
         return _refusal(request, 405, "Method Not Allowed", ",".join(sorted(methods)))
 
-    guarded_refuse = guarded(refuse)
+    guarded_refuse = guarded(gw, refuse)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/v1/"):
@@ -232,21 +235,21 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     app[GATEWAY] = gw
     add_ops_routes(app, hub)
     endpoints: list[tuple[str, str, Handler]] = [
-        ("POST", "/v1/chat/completions", handler("chat")),
-        ("POST", "/v1/completions", handler("completions")),
-        ("POST", "/v1/embeddings", handler("embeddings")),
-        ("POST", "/v1/messages", messages),
+        ("POST", "/v1/chat/completions", handler(gw, "chat")),
+        ("POST", "/v1/completions", handler(gw, "completions")),
+        ("POST", "/v1/embeddings", handler(gw, "embeddings")),
+        ("POST", "/v1/messages", messages(gw)),
         ("GET", "/v1/models", models),
         ("GET", "/v1/health", health),
     ]
     for method, path, inner in endpoints:
-        app.router.add_route(method, path, guarded(inner, anthropic=path == "/v1/messages"))
-    app.router.add_get("/v1/routes/{route}/explain", guarded(explain))
+        app.router.add_route(method, path, guarded(gw, inner, anthropic=path == "/v1/messages"))
+    app.router.add_get("/v1/routes/{route}/explain", guarded(gw, explain))
     known: dict[str, set[str]] = {}
     for route in app.router.routes():
         path = route.resource.canonical if route.resource is not None else ""
         known.setdefault(path, set()).add(route.method)
-    app.router.add_route("*", "/{tail:.*}", no_endpoint(known))
+    app.router.add_route("*", "/{tail:.*}", no_endpoint(gw, known))
 
     async def lifecycle(app: web.Application) -> Any:
         await gw.start()
