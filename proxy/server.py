@@ -25,7 +25,7 @@ from .providers.anthropic_reverse import openai_error_to_anthropic
 from .relay import forward_headers, relay_stream
 from .replies import GATEWAY, JSON, error_response, new_id
 from .request import estimate_tokens, parse_call, read_body
-from .routing.decision import HEADER, Decision
+from .routing.decision import HEADER, Decision, header_with
 from .routing.plan import Ask, plan
 from .usage import priced, usage_of_body
 
@@ -90,7 +90,20 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     assert gw.walker is not None
     result = await gw.walker.walk(config, planned.route, planned.targets, call, rescued=planned.rescued)
     served = result.attempts[-1].name if result.lease is not None or 200 <= result.status < 300 else None
-    if served is not None and result.lease is None:
+    lease = result.lease
+    if lease is not None:
+        # A stream: its usage is known only at the end, so its record is built once, then; the
+        # header goes out now, formatted from the same fields.
+        attempts = tuple(result.attempts)
+        header = header_with(decision, attempts, served)
+        ex.status = result.status
+        headers = forward_headers(result.headers, {HEADER: header, "x-request-id": decision.id})
+        try:
+            return await relay_stream(request, lease, result.status, headers, gw.clock, ex)
+        finally:  # even when the client left early
+            ex.decision = priced(decision, lease.target.price, getattr(lease.translator, "usage", None),
+                                 attempts=attempts, served=served, status=result.status, _header=header)
+    if served is not None:
         # A buffered answer: its usage is known now, so the record is built once, priced.
         target = planned.route.target(served)
         decision = priced(decision, target.price if target is not None else None,
@@ -100,14 +113,6 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
         decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status)
     ex.decision, ex.status = decision, result.status
     extra = {HEADER: decision.header(), "x-request-id": decision.id}
-
-    if result.lease is not None:
-        headers = forward_headers(result.headers, extra)
-        lease = result.lease
-        try:
-            return await relay_stream(request, lease, result.status, headers, gw.clock, ex)
-        finally:  # usage is known once the stream ended, even when the client left early
-            ex.decision = priced(decision, lease.target.price, getattr(lease.translator, "usage", None))
     if served is not None or (result.outcome is not None and not result.outcome.failover):
         # A buffered answer, or another 4xx returned to the client as it is.
         headers = forward_headers(result.headers, extra)

@@ -25,6 +25,7 @@ __all__ = [
     "ParsedDecision",
     "Ranked",
     "format_header",
+    "header_with",
     "parse_header",
 ]
 
@@ -105,7 +106,7 @@ class Decision:
 
     def but(self, **changes: Any) -> Decision:
         """A copy with some fields changed: ``dataclasses.replace`` without its per-call introspection."""
-        if not _HEADER_FIELDS.isdisjoint(changes):
+        if "_header" not in changes and not _HEADER_FIELDS.isdisjoint(changes):
             changes["_header"] = None
         return Decision(*[changes[name] if name in changes else getattr(self, name) for name in _FIELDS])
 
@@ -120,15 +121,21 @@ def scrub(text: str) -> str:
 
 
 def format_header(decision: Decision) -> str:
+    return header_with(decision, decision.attempts, decision.served)
+
+
+def header_with(decision: Decision, attempts: tuple[Attempt, ...], served: str | None) -> str:
+    """The header of ``decision`` once it has these attempts and this served target, without
+    building that record yet (a stream's is built when its usage is known, at the end)."""
     # List comprehensions, not generators, inside join: this runs for every request.
     text = (f"id={decision.id}; route={decision.route}; strategy={decision.strategy}; order="
             + ", ".join([f"{r.name}({r.detail})" for r in decision.order]))
     if decision.excluded:
         text += "; excluded=" + ", ".join([f"{e.name}({e.reason})" for e in decision.excluded])
-    if decision.attempts:
-        text += "; attempts=" + ", ".join([f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in decision.attempts])
-    if decision.served:
-        text += f"; served={decision.served}"
+    if attempts:
+        text += "; attempts=" + ", ".join([f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in attempts])
+    if served:
+        text += f"; served={served}"
     return text
 
 
