@@ -10,6 +10,7 @@ notify protocol when it started us with ``NOTIFY_SOCKET``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine
@@ -28,8 +29,17 @@ from .server import build_app
 log = logging.getLogger("firstbyte")
 
 
+# A relayed call allocates a few hundred short-lived objects; nearly all are freed by reference
+# counting, so the cyclic collector's default first threshold (700) runs it every few requests for
+# little. Measured with scripts/instructions: 2-4 % of a relayed call.
+GC_THRESHOLDS = (20_000, 50, 100)
+
+
 def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """Run the service on uvloop when it is available."""
+    """Run the service on uvloop when it is available, with the collector tuned for a server:
+    what was imported is frozen out of its scans, and its first generation is larger."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
