@@ -187,6 +187,26 @@ async def test_hang_past_first_chunk_times_out_and_fails_over(upstreams, proxy):
     assert decision_of(headers).attempt_outcomes() == [("a", "timeout"), ("b", "200")]
 
 
+async def test_buffered_body_that_stalls_past_total_times_out_and_fails_over(upstreams, proxy):
+    """The first chunk of a buffered answer came in time; the rest never does. The sweeper's total
+    deadline cuts it (it is failover-safe: nothing reached the client) and the walk moves on."""
+
+    async def half_body(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"id": "half", "choices": [')
+        await asyncio.sleep(30)
+        return response
+
+    _a, _b, p = await two_targets(upstreams, proxy, half_body,
+                                  a_provider={"timeouts": {"first_chunk": 5, "total": 0.4}})
+    started = asyncio.get_running_loop().time()
+    status, headers, body = await p.post("/v1/chat/completions", CHAT)
+    assert status == 200 and b"from-b" in body
+    assert decision_of(headers).attempt_outcomes() == [("a", "timeout"), ("b", "200")]
+    assert asyncio.get_running_loop().time() - started < 3  # the total deadline, not first_chunk's 5 s
+
+
 async def test_streamed_first_chunk_that_never_comes_times_out(upstreams, proxy):
     async def headers_only(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
