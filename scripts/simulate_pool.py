@@ -17,9 +17,13 @@ pinned (``x-route-provider``) to the scheduled-best target at the moment it is
 sent. So the oracle pays the same proxy and HTTP cost as every strategy, and a
 strategy's ratio to it (``x oracle``, the goal) measures the routing alone;
 ``x sched`` is the ratio to the scheduled ``first_chunk_ms`` and includes that
-cost (``scripts/bench`` measures it). Reported per run: mean and p95 time to
-first chunk, both ratios, each target's share, and how many requests it took
-after a shift until 80 % of 20 requests in a row went to the new best. A PNG
+cost (``scripts/bench`` measures it). ``x choice`` is the served targets'
+scheduled ``first_chunk_ms`` over the best's: the routing's cost by the schedule
+alone, which CPU contention on the machine does not move (``x oracle`` compares
+two runs that may not see the same contention). Reported per run: mean and p95
+time to first chunk, the three ratios, each target's share, and how many
+requests it took after a shift until 80 % of 20 requests in a row went to the
+new best. A PNG
 per scenario shows each target's scheduled latency and firstbyte's figure for
 it (from ``GET /v1/health``), and each run's share over time.
 
