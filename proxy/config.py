@@ -99,11 +99,11 @@ class Target:
 @dataclass(frozen=True, slots=True)
 class Fastest:
     signal: str = "ewma"
-    alpha: float = 0.3
+    alpha: float = 0.1  # DESIGN.md says 0.3; docs/adr/0006 says why 0.1 with the recovery rule
     window: int = 100
     min_samples: int = 1
     max_age_secs: float = 300.0
-    explore: float = 0.1
+    explore: float = 0.05  # DESIGN.md says 0.1; docs/adr/0006
     seed: int | None = None
     quality_weight: float = 0.0
     latency_target_ms: float = 2000.0

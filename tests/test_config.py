@@ -92,6 +92,14 @@ def test_duplicate_default_names_need_a_name() -> None:
     assert problems(raw) == ["routes.chat.targets[1].name: duplicate target name 's/m' (also targets[0])"]
 
 
+def test_fastest_defaults_explore_and_smoothing_per_adr_0006() -> None:
+    raw = {"providers": {"s": {"kind": "simulated"}},
+           "routes": {"chat": {"strategy": "fastest", "targets": [{"provider": "s", "model": "m"}]}}}
+    fastest = parse_config(raw, env={}).routes["chat"].fastest
+    # DESIGN.md documents explore 0.1 and alpha 0.3; docs/adr/0006 records why these differ.
+    assert (fastest.signal, fastest.explore, fastest.alpha) == ("ewma", 0.05, 0.1)
+
+
 def test_unset_key_env_excludes_its_targets_without_a_crash() -> None:
     raw = {
         "providers": {

@@ -4,12 +4,22 @@ Each strategy returns the targets in the order the walker will try them, with
 the detail the decision header shows for each: the first item's detail starts
 with the word that put it first (``written``, ``weighted``, ``fastest``,
 ``explore``, ``unmeasured``, ``cheapest``, ``score``).
+
+``fastest`` ranks by a target's figure (its ``signal``), except that a target whose
+newest samples say it has become much faster is ranked by them at once: when a
+fast EWMA (``RECOVERY_ALPHA``) of its samples is under ``1/RECOVERY_FACTOR`` of the
+figure, the fast EWMA stands. A target that is not first is only measured when it
+is explored, so a slowly smoothed figure would need many rare samples to show a
+recovery. A slower sample never takes this path: a spike moves a figure no more
+than its signal lets it (docs/adr/0006).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import lru_cache
 from typing import Protocol
 
 from ..config import Fastest, Route, Target, TargetKey
@@ -26,6 +36,28 @@ class OrderView(FigureView, ScoreView, Protocol):
 
 
 Figures = dict[str, float | None]
+
+RECOVERY_ALPHA = 0.8  # mostly the newest sample or two
+RECOVERY_FACTOR = 2.0  # a figure halved by them is a recovery, not jitter
+
+
+@lru_cache(maxsize=64)
+def _recovery_policy(policy: Fastest) -> Fastest:
+    return replace(policy, signal="ewma", alpha=RECOVERY_ALPHA)
+
+
+def fastest_figures(targets: Sequence[Target], state: FigureView, policy: Fastest, now: float) -> Figures:
+    """The figures ``fastest`` ranks by: the signal's, or the fast EWMA where that is under half of it."""
+    fast = _recovery_policy(policy)
+    figures: Figures = {}
+    for t in targets:
+        figure = state.figure(t.key, policy, now)
+        if figure is not None:
+            recent = state.figure(t.key, fast, now)
+            if recent is not None and recent * RECOVERY_FACTOR < figure:
+                figure = recent
+        figures[t.name] = figure
+    return figures
 
 
 def _secs(value: float | None) -> str:
@@ -123,8 +155,11 @@ def order_targets(
     op: str = "chat",
 ) -> tuple[list[Target], list[Ranked]]:
     """Rank ``targets`` by the route's strategy; ``explore=False`` is what explain shows."""
-    figures: Figures = {t.name: state.figure(t.key, route.fastest, now) for t in targets}
     strategy = route.strategy
+    if strategy == "fastest":
+        figures = fastest_figures(targets, state, route.fastest, now)
+    else:
+        figures = {t.name: state.figure(t.key, route.fastest, now) for t in targets}
     if strategy == "score":
         return score(route.score, targets, figures, state, op)
     if strategy == "weighted":

@@ -1,0 +1,95 @@
+"""scripts/simulate-pool: the oracle it measures against and the ratios it reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+@pytest.fixture(scope="module")
+def pool() -> ModuleType:
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec = importlib.util.spec_from_file_location("simulate_pool", SCRIPTS / "simulate_pool.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def test_the_oracle_is_the_fastest_healthy_target_by_the_schedule(pool: ModuleType) -> None:
+    scenario = {"A": {"first_chunk_ms": 25, "steps": [{"at": 0.5, "fail_rate": 0.6}]},
+                "B": {"first_chunk_ms": 45},
+                "C": {"first_chunk_ms": 70, "steps": [{"at": 0.75, "first_chunk_ms": 10}]}}
+    at = {n: 0.0 for n in "ABC"}
+    assert pool.oracle(scenario, at, 10.0) == ("A", 25)
+    assert pool.oracle(scenario, {n: 5.0 for n in "ABC"}, 10.0) == ("B", 45)  # A fails: not healthy
+    assert pool.oracle(scenario, {n: 8.0 for n in "ABC"}, 10.0) == ("C", 10)
+    # Each simulator is at its own point in its schedule.
+    assert pool.oracle(scenario, {"A": 4.0, "B": 4.0, "C": 8.0}, 10.0) == ("C", 10)
+
+
+def calls(served: str, ttfc: list[float], oracle: str = "A", oracle_ms: float = 20.0,
+          served_ms: float = 20.0) -> list[dict]:
+    return [{"t": i * 0.01, "ok": True, "served": served, "ttfc_ms": ms, "oracle": oracle,
+             "oracle_ms": oracle_ms, "served_ms": served_ms} for i, ms in enumerate(ttfc)]
+
+
+def test_ratios_are_to_the_measured_oracle_and_to_the_schedule(pool: ModuleType) -> None:
+    oracle_run = pool.summarise(calls("A", [22.0] * 19 + [40.0]), None)
+    assert oracle_run["vs_oracle"] == 1.0 and oracle_run["p95_vs_oracle"] == 1.0
+    assert oracle_run["oracle_mean_ms"] == pytest.approx(22.9)
+    assert oracle_run["vs_sched"] == pytest.approx(22.9 / 20.0)  # the proxy's own cost shows here
+    assert oracle_run["choice_vs_sched"] == 1.0
+    run = pool.summarise(calls("B", [30.0] * 19 + [80.0], served_ms=25.0), None, oracle_run)
+    assert run["mean_ms"] == pytest.approx(32.5)
+    assert run["oracle_mean_ms"] == pytest.approx(22.9)
+    assert run["vs_oracle"] == pytest.approx(32.5 / 22.9)
+    assert run["p95_vs_oracle"] == pytest.approx(30.0 / 22.0)
+    assert run["vs_sched"] == pytest.approx(32.5 / 20.0)
+    assert run["choice_vs_sched"] == pytest.approx(25.0 / 20.0)  # B's scheduled time over A's
+    assert run["on_oracle"] == 0.0 and run["share"] == {"A": 0.0, "B": 1.0, "C": 0.0}
+
+
+def test_follow_counts_requests_until_sixteen_of_twenty_reach_the_new_best(pool: ModuleType) -> None:
+    before = calls("A", [20.0] * 10, oracle="A")
+    lagging = calls("A", [20.0] * 7, oracle="B")
+    following = calls("B", [20.0] * 40, oracle="B")
+    run = before + lagging + following
+    for i, c in enumerate(run):
+        c["t"] = i * 0.01
+    shift_t = run[10]["t"]
+    assert pool.follow(run, shift_t) == 3  # from the 4th request on, 16 of the next 20 are on B
+    assert pool.summarise(run, shift_t)["follow_requests"] == 3
+
+
+async def test_the_oracle_run_pins_each_request_to_the_scheduled_best(pool: ModuleType, proxy) -> None:
+    sim = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 2}}
+    p = await proxy({"providers": {n: sim for n in "ABC"},
+                     "routes": {"pool": {"strategy": "ordered",
+                                         "targets": [{"provider": n, "model": "sim"} for n in "ABC"]}}})
+    # By the schedule B is best, then C from half-way; written order alone would always serve A.
+    scenario = {"A": {"first_chunk_ms": 30}, "B": {"first_chunk_ms": 20},
+                "C": {"first_chunk_ms": 40, "steps": [{"at": 0.5, "first_chunk_ms": 10}]}}
+    span = 0.6
+    now = time.monotonic()
+    starts = {n: now for n in "ABC"}
+    result = await pool.load(f"{p.url}/v1/chat/completions", 3, now + span, starts, scenario, span,
+                             f"{p.url}/v1/health", pin=True)
+    done = result["calls"]
+    assert done and all(c["ok"] for c in done)
+    assert all(c["served"] == c["oracle"] for c in done)
+    assert {c["served"] for c in done} == {"B", "C"}
+    assert pool.summarise(done, None)["choice_vs_sched"] == 1.0
+    unpinned = await pool.load(f"{p.url}/v1/chat/completions", 3, time.monotonic() + 0.1, starts, scenario,
+                               span, f"{p.url}/v1/health")
+    assert {c["served"] for c in unpinned["calls"]} == {"A"}
