@@ -12,7 +12,9 @@ against all four in turn (direct, floor, firstbyte-1, firstbyte-5):
 - long streams: ``--streams`` calls of ``--stream-chunks`` chunks at
   ``--chunk-rate`` chunks/s held at once through a freshly started floor and
   firstbyte, with each proxy's CPU share and memory per held stream (RSS delta
-  / streams, from /proc).
+  / streams, from /proc). This phase takes about a minute and its figures moved
+  by under 0.1x between repeats, so by default only the first repeat runs it
+  (``--hold-repeats``); that keeps bench and simulate-pool within 10 minutes.
 
 "Added" figures are the proxy's minus the direct connection's from the same
 repeat; the report gives the median over repeats and every firstbyte figure as
@@ -287,9 +289,10 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
             row[target]["vs_floor"] = ratios
         rows[phase] = row
     hold: dict[str, Any] = {}
-    if runs[0].get("hold"):
+    held = [run for run in runs if run.get("hold")]
+    if held:
         for target in ("floor", "fb1"):
-            hold[target] = {k: median_of(runs, "hold", target, k) for k in runs[0]["hold"][target]}
+            hold[target] = {k: median_of(held, "hold", target, k) for k in held[0]["hold"][target]}
         hold["fb1"]["vs_floor"] = {
             k: hold["fb1"][k] / hold["floor"][k] if hold["floor"][k] else float("nan")
             for k in ("kb_per_stream", "cpu_share")
@@ -337,7 +340,7 @@ def print_table(summary: dict[str, Any], meta: dict[str, Any]) -> None:
     hold = summary["hold"]
     if hold:
         print(f"\nlong streams: {meta['streams']} streams x {meta['stream_chunks']} chunks at "
-              f"{meta['chunk_rate']:g} chunks/s, held at once")
+              f"{meta['chunk_rate']:g} chunks/s, held at once (median of {meta['hold_repeats']} repeat(s))")
         print(f"{'proxy':<8}{'held after s':>13}{'took s':>8}{'events':>8}{'errors':>7}{'RSS base MB':>12}"
               f"{'RSS held MB':>12}{'KB/stream':>10}{'CPU share':>10}{'loadgen CPU':>12}")
         for target in ("floor", "fb1"):
@@ -376,6 +379,9 @@ def main() -> int:
     p.add_argument("--chunk-rate", type=float, default=20.0)
     p.add_argument("--ramp", type=float, default=2.0, help="seconds over which long streams open")
     p.add_argument("--no-hold", action="store_true", help="skip the long-stream phase")
+    p.add_argument("--hold-repeats", type=int, default=1,
+                   help="repeats that also hold the long streams (about a minute each; memory per stream "
+                        "moved by under 0.1x between repeats)")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "bench.json"))
     args = p.parse_args()
     if args.quick:
@@ -399,7 +405,7 @@ def main() -> int:
         for i in range(args.repeats):
             print(f"repeat {i + 1}/{args.repeats}: latency phases…", file=sys.stderr, flush=True)
             run = {"latency": latency_phases(args, gen, ports)}
-            if not args.no_hold:
+            if not args.no_hold and i < args.hold_repeats:
                 print(f"repeat {i + 1}/{args.repeats}: long streams…", file=sys.stderr, flush=True)
                 run["hold"] = hold_phase(args, procs, gen, sim_long, tmp)
             runs.append(run)
@@ -407,7 +413,8 @@ def main() -> int:
         if gen is not None:
             gen.close()
         procs.stop_all()
-    meta = {"repeats": args.repeats, "cores": os.cpu_count(), "streams": args.streams,
+    meta = {"repeats": args.repeats, "hold_repeats": 0 if args.no_hold else min(args.hold_repeats, args.repeats),
+            "cores": os.cpu_count(), "streams": args.streams,
             "stream_chunks": args.stream_chunks, "chunk_rate": args.chunk_rate,
             "first_chunk_ms": args.first_chunk_ms, "chunks": args.chunks, "quick": args.quick,
             "seconds": round(time.monotonic() - started, 1), "logs": str(tmp)}
