@@ -377,7 +377,7 @@ async def test_fastest_converges_to_the_faster_upstream(upstreams, proxy):
 
         return handle
 
-    slow = await upstreams({"/v1/chat/completions": delayed(0.12, "slow")})
+    slow = await upstreams({"/v1/chat/completions": delayed(0.3, "slow")})  # far apart: a loaded CI box
     fast = await upstreams({"/v1/chat/completions": delayed(0.01, "fast")})
     p = await proxy(route_config(
         [{"provider": "slow", "model": "m"}, {"provider": "fast", "model": "m"}],
