@@ -78,25 +78,44 @@ class Procs:
         self.logdir = logdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, args: list[str], port: int) -> subprocess.Popen[bytes]:
-        log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        """Start a process without waiting for it; its output goes to ``name``.log."""
+        with open(self.logdir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs.append(proc)
+        return proc
+
+    def start(self, name: str, args: list[str], port: int) -> subprocess.Popen[bytes]:
+        proc = self.spawn(name, args)
         wait_port(port, proc)
         return proc
 
+    def start_many(self, commands: dict[str, tuple[list[str], int]]) -> None:
+        """Start every process at once, then wait for each port: start-ups overlap."""
+        started = [(self.spawn(name, args), port) for name, (args, port) in commands.items()]
+        for proc, port in started:
+            wait_port(port, proc)
+
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
         self.procs.remove(proc)
 
     def stop_all(self) -> None:
-        for proc in list(self.procs):
-            self.stop(proc)
+        """Signal every process, then wait for each: shut-downs overlap."""
+        procs, self.procs = self.procs, []
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def simulate(procs: Procs, name: str, port: int, first_ms: float, chunk_ms: float, chunks: int) -> None:
@@ -110,10 +129,10 @@ def floor(procs: Procs, name: str, port: int, upstream: int) -> subprocess.Popen
                               "--upstream", f"http://127.0.0.1:{upstream}"], port)
 
 
-def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path) -> subprocess.Popen[bytes]:
-    """firstbyte with route ``one`` (one target) and ``five`` (fastest over five providers)."""
+def firstbyte_config(port: int, upstream: int) -> dict[str, Any]:
+    """Route ``one`` (one target) and ``five`` (fastest over five providers), all on ``upstream``."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
-    config = {
+    return {
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
         "providers": providers,
@@ -123,8 +142,11 @@ def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path) -> s
                      "targets": [{"provider": p, "model": "sim"} for p in providers]},
         },
     }
+
+
+def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path) -> subprocess.Popen[bytes]:
     path = tmp / f"{name}.json"  # JSON is YAML
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps(firstbyte_config(port, upstream)))
     return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
 
 

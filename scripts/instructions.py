@@ -92,12 +92,8 @@ def main() -> int:
                                                          stream, args.calls)
             for name, path in versions.items():
                 port = bench.free_port()
-                config = {"listen": f"127.0.0.1:{port}", "access_log": {"format": "text", "path": "/dev/null"},
-                          "providers": {"p1": {"kind": "openai", "base_url": f"http://127.0.0.1:{sim}/v1"}},
-                          "routes": {"one": {"strategy": "ordered",
-                                             "targets": [{"provider": "p1", "model": "sim"}]}}}
                 config_path = tmp / f"{name}.json"  # JSON is YAML
-                config_path.write_text(json.dumps(config))
+                config_path.write_text(json.dumps(bench.firstbyte_config(port, sim)))
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
                 rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls)

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -202,31 +201,6 @@ def summarise(calls: list[dict[str, Any]], shift_t: float | None,
     return out
 
 
-def start_together(procs: bench.Procs, commands: dict[str, tuple[list[str], int]]) -> None:
-    """Start every process at once, then wait for each port: start-ups overlap."""
-    started = []
-    for name, (args, port) in commands.items():
-        with open(procs.logdir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        procs.procs.append(proc)
-        started.append((proc, port))
-    for proc, port in started:
-        bench.wait_port(port, proc)
-
-
-def stop_together(procs: bench.Procs) -> None:
-    """Signal every process, then wait for each: shut-downs overlap."""
-    for proc in procs.procs:
-        proc.terminate()
-    for proc in procs.procs:
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    procs.procs.clear()
-
-
 def run_one(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: str) -> dict[str, Any]:
     """Fresh upstreams and a fresh firstbyte; load for ``args.seconds``; the raw calls.
 
@@ -265,7 +239,7 @@ def run_one(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: s
         path = tmp / "pool.json"
         path.write_text(json.dumps(config))
         commands["firstbyte"] = ([str(bench.BIN / "firstbyte"), "serve", "--config", str(path)], fb_port)
-        start_together(procs, commands)
+        procs.start_many(commands)
         starts = asyncio.run(sim_offsets(ports))
         until = min(starts.values()) + span
         url = f"http://127.0.0.1:{fb_port}/v1/chat/completions"
@@ -275,7 +249,7 @@ def run_one(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: s
         result["shift_t"] = min(shifts) if shifts else None  # in seconds since load began
         return result
     finally:
-        stop_together(procs)
+        procs.stop_all()
 
 
 def chart(name: str, scenario: dict[str, Any], runs: dict[str, dict[str, Any]], span: float) -> Path:

@@ -68,8 +68,9 @@ BREAKER_STATES = {"closed": 0, "open": 1, "probing": 2, "half_open": 2, "half-op
 
 _CODE = re.compile(r"^[1-5]\d\d$")
 
-# A finished exchange as counted: route, served, status, first reason, and (target, outcome) per attempt.
-_Key = tuple[str | None, str | None, int, str | None, tuple[tuple[str, str], ...]]
+# A finished exchange as counted: route, served, status, first reason, (target, outcome) per attempt,
+# failovers.
+_Key = tuple[str | None, str | None, int, str | None, tuple[tuple[str, str], ...], int]
 
 
 def names_from_config(config: Config) -> tuple[set[str], set[str]]:
@@ -185,7 +186,7 @@ class Metrics:
         at scrape time (see _apply), once per distinct combination rather than once per request."""
         d = finished.decision
         if d is None:
-            key: _Key = (None, None, finished.status, None, ())
+            key: _Key = (None, None, finished.status, None, (), 0)
         else:
             attempts = d.attempts
             if len(attempts) == 1:
@@ -196,7 +197,7 @@ class Metrics:
             else:
                 tried = tuple((a.name, a.outcome) for a in attempts)
                 self._observed.extend((a.name, a.ttfc) for a in attempts if a.ttfc is not None)
-            key = (d.route, d.served, finished.status, d.first_reason, tried)
+            key = (d.route, d.served, finished.status, d.first_reason, tried, d.failovers)
             if d.served and (d.usage or d.cost_usd is not None):
                 self._spent.append((d.route, d.served, d.usage, d.cost_usd))
         counts = self._counts
@@ -213,15 +214,14 @@ class Metrics:
             pending[k] = pending.get(k, 0) + amount
 
         counts, self._counts = self._counts, {}
-        for (route_name, served_name, status, reason, tried), n in counts.items():
+        for (route_name, served_name, status, reason, tried, failovers), n in counts.items():
             route = self._route(route_name)
             add(self.requests, (("route", route), ("served", self._target(served_name)),
                                 ("status", self._status(status))), n)
             if reason is None:
                 continue
             add(self.decisions, (("route", route), ("first_reason", reason if reason in FIRST_REASONS else OTHER)), n)
-            names = [name for i, (name, _) in enumerate(tried) if i == 0 or tried[i - 1][0] != name]
-            add(self.failovers, (("route", route),), max(0, len(names) - 1) * n)
+            add(self.failovers, (("route", route),), failovers * n)
             for name, outcome in tried:
                 add(self.attempts, (("target", self._target(name)), ("outcome", self._outcome(outcome))), n)
         spent, self._spent = self._spent, []
