@@ -9,6 +9,11 @@ one JSON line on stdout:
     closed-loop load: ``concurrency`` workers each send a request as soon as
     their last one finished. Answers every latency and time to first chunk
     (seconds) of the requests that finished after ``warmup``.
+``{"op": "rounds", "urls": {name: url}, "bodies": {name: body}, "stream", "requests", "warmup", "seed"}``
+    concurrency 1, interleaved: each round calls every url once, in a shuffled
+    order, so every target meets the same machine (CPU wake-ups, caches,
+    neighbours) instead of each getting its own stretch of time. Answers
+    ``{name: run result}``.
 ``{"op": "hold", "url", "body", "streams", "ramp"}``
     opens ``streams`` streamed calls within ``ramp`` seconds, prints
     ``{"event": "held"}`` once every stream has its first chunk, then answers
@@ -19,6 +24,7 @@ one JSON line on stdout:
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 import time
 from typing import Any
@@ -83,6 +89,30 @@ async def run(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, 
     return {"lat": lat, "ttfc": ttfc, "errors": errors, "elapsed": elapsed}
 
 
+async def rounds(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, Any]:
+    urls: dict[str, str] = cmd["urls"]
+    stream = bool(cmd["stream"])
+    data = {name: orjson.dumps({**cmd["bodies"][name], "stream": stream}) for name in urls}
+    out: dict[str, Any] = {name: {"lat": [], "ttfc": [], "errors": 0, "elapsed": 0.0} for name in urls}
+    rng = random.Random(cmd.get("seed", 1))
+    names = list(urls)
+    warmup = int(cmd.get("warmup", 0))
+    for i in range(warmup + int(cmd["requests"])):
+        rng.shuffle(names)
+        for name in names:
+            t0 = time.perf_counter()
+            try:
+                latency, first = await one(session, urls[name], data[name], stream)
+            except Exception:
+                out[name]["errors"] += 1
+                continue
+            if i >= warmup:
+                out[name]["lat"].append(latency)
+                out[name]["ttfc"].append(first)
+                out[name]["elapsed"] += time.perf_counter() - t0
+    return out
+
+
 async def hold(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, Any]:
     url, n, ramp = cmd["url"], int(cmd["streams"]), float(cmd.get("ramp", 1.0))
     data = orjson.dumps({**cmd["body"], "stream": True})
@@ -138,7 +168,8 @@ async def main() -> None:
             cmd = orjson.loads(line)
             if cmd["op"] == "quit":
                 break
-            result = await (run(session, cmd) if cmd["op"] == "run" else hold(session, cmd))
+            ops = {"run": run, "rounds": rounds, "hold": hold}
+            result = await ops[cmd["op"]](session, cmd)
             emit(result)
 
 
