@@ -178,6 +178,9 @@ class Loadgen:
         with contextlib.suppress(BrokenPipeError):
             self.send({"op": "quit"})
         self.proc.wait(10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def cpu_secs(pid: int) -> float:
@@ -334,8 +337,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
         f"rps_c{mid}": rows[f"buffered/c{mid}"]["fb1"]["vs_floor"]["rps"],
         "mem_per_stream": hold["fb1"]["vs_floor"]["kb_per_stream"] if hold else None,
     }
-    limits = {"added_c1_buffered": ("<=", 1.25), "added_c1_streamed": ("<=", 1.25),
-              f"rps_c{mid}": (">=", 0.8), "mem_per_stream": ("<=", 1.5)}
+    limits = {"added_c1_buffered": ("<=", GOALS["added_c1"]), "added_c1_streamed": ("<=", GOALS["added_c1"]),
+              f"rps_c{mid}": (">=", GOALS["rps_c64"]), "mem_per_stream": ("<=", GOALS["mem_per_stream"])}
     verdict = {}
     for k, v in goals.items():
         op, lim = limits[k]
