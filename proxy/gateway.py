@@ -92,6 +92,8 @@ class Gateway:
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self.walker is not None:
+            self.walker.close()
         if self.costs is not None:
             await self.costs.close()
         self.notify_observers()  # what finished during the drain is still logged

@@ -4,6 +4,13 @@
 (with ``x-route-decision``) go out, and from then on a failure can only end the
 stream with an error event. Writes wait for the client (backpressure), so a
 slow reader holds the upstream back instead of filling our memory.
+
+The client's stream ends with the upstream's end marker (``[DONE]``,
+``message_stop``), in the same write as the last events: the upstream's own end
+of body usually arrives a read later, and waiting for it measured as the
+largest share of what a short stream added at concurrency 1. That tail is read
+in the background (``Lease.finish_after_end``), so the connection still goes
+back to the pool.
 """
 
 from __future__ import annotations
@@ -88,11 +95,13 @@ async def relay_stream(
     response = _CommitResponse(status=status, headers=headers)
     translator = lease.translator
     failure: str | None = None
+    last = b""  # what leaves with the end of the client's stream
+    ended = False  # the upstream's body ended
+    handed_off = False  # the lease is released by its drain, not here
     try:
         await response.prepare(request)
         data = lease.first
         read = lease.upstream.chunk
-        ended = False
         while True:
             try:
                 if translator is not None:
@@ -103,6 +112,9 @@ async def relay_stream(
                 if partial:
                     await response.write(partial)
                     _sent(meter, len(partial), clock)
+                break
+            if translator is not None and translator.done:
+                last = data  # the end marker: the answer is whole
                 break
             if data:
                 await response.write(data)
@@ -117,9 +129,9 @@ async def relay_stream(
                 failure = lease.expired or _describe(exc)
                 break
             if not data:
+                ended = True
                 if translator is None:
                     break
-                ended = True
         if failure is None and translator is not None and not translator.done:
             failure = "the upstream stream ended before its end marker"
         if failure is not None:
@@ -130,7 +142,12 @@ async def relay_stream(
             event = make(message) if make is not None else _error_event(message, "stream_interrupted")
             await response.write(event)
             meter.sent += len(event)
-        await response.write_eof()
+        elif last:
+            _sent(meter, len(last), clock)
+        await response.write_eof(last)
+        if failure is None and not ended:
+            handed_off = True
+            lease.finish_after_end()  # the upstream's own end is read off the client's path
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         # The client left: nothing to say about the provider (unless it failed first).
         meter.error = meter.error or "client disconnected"
@@ -138,7 +155,8 @@ async def relay_stream(
         meter.error = meter.error or "client disconnected"
         raise
     finally:
-        lease.finish(failure)
+        if not handed_off:
+            lease.finish(failure)
     return response
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import aiohttp
+
 from .classify import BUSY, Outcome, classify_exception, classify_status
 from .config import Config, Provider, Route, Target
 from .deadlines import Deadlines, Expired
@@ -32,6 +34,7 @@ from .transport import HttpTransport, SimTransport, Upstream
 MAX_RETRY_AFTER = 30.0  # a longer hint abandons the target for now (it is cooled down)
 MAX_ERROR_BODY = 64 * 1024
 MAX_BUFFERED_BODY = 64 * 1024 * 1024
+MAX_DRAIN = 64 * 1024  # read after a stream's end marker before giving up on the connection
 BACKOFF_BASE = 0.05
 BACKOFF_CAP = 2.0
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
@@ -63,6 +66,17 @@ class Lease:
         """Past its idle or total deadline: wake the relay's pending read with the reason."""
         self.expired = reason
         self.upstream.abort(Expired(reason))
+
+    def finish_after_end(self) -> None:
+        """The client has the whole answer (the stream's end marker came): read what the upstream
+        still sends, its own end of body, in the background, then release.
+
+        Releasing an unfinished body closes the connection instead of pooling it, and
+        waiting for that end on the relay's path makes the client wait for it too."""
+        if self.upstream.at_eof():
+            self.finish()
+            return
+        self._walker.drain(self)
 
     def finish(self, failure: str | None = None) -> None:
         """Release the slot and the connection; a failure after commit counts against the target."""
@@ -139,6 +153,18 @@ class Walker:
         self.clock = clock
         self.rng = rng or random.Random()
         self.deadlines = deadlines or Deadlines(clock)
+        self._drains: set[asyncio.Task[None]] = set()
+
+    def drain(self, lease: Lease) -> None:
+        """Read a finished stream's tail in a task of its own (see ``Lease.finish_after_end``)."""
+        task = asyncio.get_running_loop().create_task(_drain(lease, self.clock))
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    def close(self) -> None:
+        """Stop the drains still running (at shutdown their connections are closing anyway)."""
+        for task in list(self._drains):
+            task.cancel()
 
     async def walk(self, config: Config, route: Route, targets: tuple[Target, ...], call: Call,
                    providers: Mapping[str, Provider] | None = None, *,
@@ -301,6 +327,23 @@ class Walker:
 
 
 UNTRANSLATABLE = Outcome("untranslatable", False, 400, "no faithful equivalent in this target's API")
+
+
+async def _drain(lease: Lease, clock: Callable[[], float]) -> None:
+    """Up to ``MAX_DRAIN`` bytes after the end marker, each read under the lease's idle and
+    total deadlines. More than that, a stall or a cut only costs the connection: the client's
+    answer was whole, so the target is not blamed."""
+    left = MAX_DRAIN
+    try:
+        lease.waiting_since = clock()
+        while data := await lease.upstream.chunk():
+            left -= len(data)
+            if left < 0:
+                break
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    finally:
+        lease.finish()
 
 
 def _untranslatable(result: WalkResult, target: Target, exc: TranslationError) -> None:
