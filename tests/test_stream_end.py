@@ -1,0 +1,131 @@
+"""A stream ends for the client at the upstream's end marker; the upstream's own end is read after.
+
+Each upstream here sends its whole answer, ``[DONE]`` included, and then holds
+its end of body back until the test says so. The client must have its whole
+answer before that, and the call must still be settled properly afterwards:
+the connection pooled when the upstream ends, closed when it stalls or keeps
+talking past a limit, and never counted against the target. (What arrives in
+the same read as the end marker still goes out with it: the client's stream
+ends on a read boundary.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+from .conftest import chunk_event, openai_provider, route_config, sse
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+KEY = ("up", "m")
+
+
+def answer_then(after_done):  # type: ignore[no-untyped-def]
+    """An upstream that streams a whole answer, then runs ``after_done`` before its end of body;
+    it records each request's client port (one port per upstream connection)."""
+    ports: list[int] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ports.append(request.transport.get_extra_info("peername")[1])  # type: ignore[union-attr]
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(chunk_event("one") + chunk_event("", "stop"))
+        await response.write(sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                  "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}))
+        await response.write(b"data: [DONE]\n\n")
+        await after_done(response)
+        await response.write_eof()
+        return response
+
+    return handle, ports
+
+
+async def read_whole(url: str) -> bytes:
+    """The client's whole body; a proxy that waits for the upstream's end never gets here."""
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 200
+        return await asyncio.wait_for(resp.read(), 5)
+
+
+async def released(p) -> None:
+    """Wait (bounded) until the gateway has let go of the upstream call."""
+    for _ in range(100):
+        if p.gateway.state.target(KEY).in_flight == 0:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the upstream call was never released")
+
+
+def blameless(p) -> None:
+    ts = p.gateway.state.target(KEY)
+    assert ts.breaker.failures == 0
+    assert False not in ts.history
+
+
+async def test_the_client_has_its_answer_before_the_upstream_ends_and_the_connection_is_reused(
+        upstreams, proxy):
+    upstream_may_end = asyncio.Event()
+
+    async def wait_for_test(response: web.StreamResponse) -> None:
+        await asyncio.wait_for(upstream_may_end.wait(), 10)
+
+    handle, ports = answer_then(wait_for_test)
+    up = await upstreams({"/v1/chat/completions": handle})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+
+    body = await read_whole(p.url)
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert b'"usage"' not in body  # the usage chunk firstbyte asked for is still dropped
+    # The upstream has not ended yet: the call still holds its slot until it does.
+    assert p.gateway.state.target(KEY).in_flight == 1
+    upstream_may_end.set()
+    await released(p)
+
+    assert (await read_whole(p.url)).endswith(b"data: [DONE]\n\n")
+    await released(p)
+    assert len(ports) == 2 and ports[0] == ports[1], "the drained connection went back to the pool"
+    blameless(p)
+
+
+async def test_an_upstream_that_stalls_after_its_end_marker_is_cut_by_the_idle_deadline(upstreams, proxy):
+    upstream_cut = asyncio.Event()
+
+    async def stall(response: web.StreamResponse) -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            upstream_cut.set()
+
+    handle, _ports = answer_then(stall)
+    up = await upstreams({"/v1/chat/completions": handle})
+    provider = openai_provider(up.url, timeouts={"idle": 0.3})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": provider}))
+
+    assert (await read_whole(p.url)).endswith(b"data: [DONE]\n\n")
+    await asyncio.wait_for(upstream_cut.wait(), 5)  # firstbyte dropped the connection
+    await released(p)
+    blameless(p)
+
+
+async def test_an_upstream_that_talks_on_after_its_end_marker_loses_its_connection(upstreams, proxy):
+    client_done = asyncio.Event()
+
+    async def talk_on(response: web.StreamResponse) -> None:
+        await asyncio.wait_for(client_done.wait(), 10)
+        client_done.clear()
+        for _ in range(20):  # 160 KB: more than firstbyte reads after an end marker
+            await response.write(b": junk " + b"x" * 8192 + b"\n\n")
+
+    handle, ports = answer_then(talk_on)
+    up = await upstreams({"/v1/chat/completions": handle})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+
+    for _ in range(2):
+        body = await read_whole(p.url)
+        assert body.endswith(b"data: [DONE]\n\n") and b"junk" not in body
+        client_done.set()
+        await released(p)
+    assert len(ports) == 2 and ports[0] != ports[1], "a connection that kept talking is not reused"
+    blameless(p)
