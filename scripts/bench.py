@@ -3,7 +3,7 @@
 One invocation starts, on loopback: a ``firstbyte simulate`` upstream with a
 small first-chunk delay (so overhead is visible), the floor
 (``scripts/floor.py``: the smallest aiohttp relay), firstbyte serving a
-one-target route and a five-target ``fastest`` route, and a load generator in
+one-target and a five-target route, both ``fastest``, and a load generator in
 its own process (``scripts/loadgen.py``). For each repeat every phase runs
 against all four in turn (direct, floor, firstbyte-1, firstbyte-5):
 
@@ -130,14 +130,14 @@ def floor(procs: Procs, name: str, port: int, upstream: int) -> subprocess.Popen
 
 
 def firstbyte_config(port: int, upstream: int) -> dict[str, Any]:
-    """Route ``one`` (one target) and ``five`` (fastest over five providers), all on ``upstream``."""
+    """Route ``one`` (one target) and ``five`` (five providers), both ``fastest``, all on ``upstream``."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
     return {
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
         "providers": providers,
         "routes": {
-            "one": {"strategy": "ordered", "targets": [{"provider": "p1", "model": "sim"}]},
+            "one": {"strategy": "fastest", "targets": [{"provider": "p1", "model": "sim"}]},
             "five": {"strategy": "fastest",
                      "targets": [{"provider": p, "model": "sim"} for p in providers]},
         },
