@@ -103,7 +103,7 @@ class Fastest:
     window: int = 100
     min_samples: int = 1
     max_age_secs: float = 300.0
-    explore: float = 0.05  # DESIGN.md says 0.1; docs/adr/0006
+    explore: float = 0.03  # DESIGN.md says 0.1; docs/adr/0006
     seed: int | None = None
     quality_weight: float = 0.0
     latency_target_ms: float = 2000.0

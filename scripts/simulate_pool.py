@@ -27,7 +27,7 @@ new best. A PNG
 per scenario shows each target's scheduled latency and firstbyte's figure for
 it (from ``GET /v1/health``), and each run's share over time.
 
-    scripts/simulate-pool [--quick] [--seconds 6.5] [--concurrency 12] [--explore 0.05]
+    scripts/simulate-pool [--quick] [--seconds 6.5] [--concurrency 12] [--explore 0.03]
 """
 
 from __future__ import annotations

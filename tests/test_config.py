@@ -97,7 +97,7 @@ def test_fastest_defaults_explore_and_smoothing_per_adr_0006() -> None:
            "routes": {"chat": {"strategy": "fastest", "targets": [{"provider": "s", "model": "m"}]}}}
     fastest = parse_config(raw, env={}).routes["chat"].fastest
     # DESIGN.md documents explore 0.1 and alpha 0.3; docs/adr/0006 records why these differ.
-    assert (fastest.signal, fastest.explore, fastest.alpha) == ("ewma", 0.05, 0.1)
+    assert (fastest.signal, fastest.explore, fastest.alpha) == ("ewma", 0.03, 0.1)
 
 
 def test_unset_key_env_excludes_its_targets_without_a_crash() -> None:
