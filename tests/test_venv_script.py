@@ -1,0 +1,54 @@
+"""scripts/_venv installs only what is missing, so scripts asking for other extras do not undo each other.
+
+The real script is sourced in a scratch root whose ``.venv/bin/python`` only
+records the arguments it gets: each recorded line is one ``pip install``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scratch_root(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "_venv", tmp_path / "scripts" / "_venv")
+    (tmp_path / "setup.cfg").write_text("[metadata]\nname = scratch\n")
+    (tmp_path / "pyproject.toml").write_text("")
+    calls = tmp_path / "calls"
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    python.chmod(0o755)
+    return tmp_path, calls
+
+
+def source(root: Path, extras: str | None) -> None:
+    env = {"PATH": "/usr/bin:/bin"} | ({} if extras is None else {"FIRSTBYTE_EXTRAS": extras})
+    subprocess.run(["bash", "-c", f"source {root}/scripts/_venv"], env=env, check=True, timeout=30)
+
+
+def installs(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_scripts_with_different_extras_install_once_each_and_never_reinstall(tmp_path: Path) -> None:
+    root, calls = scratch_root(tmp_path)
+    source(root, None)  # scripts/test, scripts/bench: dev
+    source(root, "dev,bench")  # scripts/simulate-pool
+    source(root, None)
+    source(root, "dev,bench")
+    assert installs(calls) == [f"-m pip install --quiet -e {root}[dev]",
+                               f"-m pip install --quiet -e {root}[dev,bench]"]
+
+
+def test_a_changed_setup_cfg_installs_again_with_what_is_asked(tmp_path: Path) -> None:
+    root, calls = scratch_root(tmp_path)
+    source(root, "dev,bench")
+    (root / "setup.cfg").write_text("[metadata]\nname = scratch\nversion = 2\n")
+    source(root, None)
+    assert installs(calls) == [f"-m pip install --quiet -e {root}[dev,bench]",
+                               f"-m pip install --quiet -e {root}[dev]"]
