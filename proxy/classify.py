@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import re
 import ssl
 import time
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from .providers.first_token import Ended, UpstreamError
 from .state.limiter import Busy
 from .transport import BodyTooLarge
 
@@ -81,3 +83,38 @@ def classify_exception(exc: BaseException) -> Outcome:
     if isinstance(exc, aiohttp.ClientError | OSError):
         return Outcome("reset", True, 502, f"upstream connection failed: {type(exc).__name__}")
     raise exc
+
+
+# An error inside a 2xx (docs/adr/0007) is classified like its HTTP twin: the status the
+# upstream would have answered had it said so in its status line.
+_TWINS = {
+    "rate_limit_error": 429, "rate_limit_exceeded": 429, "rate_limited": 429, "too_many_requests": 429,
+    "insufficient_quota": 429, "overloaded_error": 529, "overloaded": 503, "server_overloaded": 503,
+    "service_unavailable": 503, "unavailable": 503, "api_error": 500, "server_error": 500,
+    "internal_error": 500, "internal_server_error": 500, "upstream_error": 502, "bad_gateway": 502,
+    "timeout": 504, "timeout_error": 504, "request_timeout": 408, "invalid_request_error": 400,
+    "invalid_request": 400, "bad_request": 400, "badrequesterror": 400, "context_length_exceeded": 400,
+    "authentication_error": 401, "invalid_api_key": 401, "permission_error": 403,
+    "permission_denied": 403, "not_found_error": 404, "model_not_found": 404, "not_found": 404,
+    "request_too_large": 413,
+}
+_WORD_UNSAFE = re.compile(r"[^a-z0-9_.-]")
+
+
+def classify_error(error: UpstreamError, where: str, overflow: bool) -> Outcome:
+    """An error event before the first token (``where="event"``) or a buffered 2xx carrying an
+    error object (``where="body"``). Overload, server and rate-limit errors fail over and count
+    like a 503/529/429; an invalid request goes back to the client as a 400 would. A kind we do
+    not know is a server error: the client has seen nothing, so another target may answer."""
+    kind = _WORD_UNSAFE.sub("_", error.kind.lower())[:40] or "unknown"
+    status = error.status if error.status is not None and 400 <= error.status <= 599 else _TWINS.get(kind, 502)
+    word = f"error {where} {kind}"
+    message = f"upstream answered 200 with an error {where} ({kind}): {error.message[:300]}"
+    if overflow:
+        return Outcome(word, True, 400, message)
+    return Outcome(word, fails_over(status), status, message)
+
+
+def classify_ended(ended: Ended) -> Outcome:
+    """A stream that ended, or broke, before its first token: the upstream's failure."""
+    return Outcome(ended.why, True, 502, f"upstream stream failed before its first token: {ended.detail}")

@@ -8,6 +8,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -70,8 +71,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(main)
 
 
+def _mode_cells(figures: dict[str, Any]) -> list[str]:
+    figure = figures["figure_s"]
+    return ["-" if figure is None else f"{figure:.3f}s", str(figures["samples"])]
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
-    url = f"{args.url.rstrip('/')}/v1/routes/{args.route}/explain"
+    url = f"{args.url.rstrip('/')}/v1/routes/{args.route}/explain?mode={args.mode}"
     req = urllib.request.Request(url)
     if args.key:
         req.add_header("Authorization", f"Bearer {args.key}")
@@ -92,13 +98,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return 0
-    print(f"route {data['route']}  strategy={data['strategy']}")
+    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}")
     rows = [
-        [str(i + 1), o["target"], o["detail"],
-         "-" if o["figure_s"] is None else f"{o['figure_s']:.3f}s", str(o["samples"])]
+        [str(i + 1), o["target"], o["detail"], *_mode_cells(o["streamed"]), *_mode_cells(o["buffered"])]
         for i, o in enumerate(data["order"])
     ]
-    print(_table(rows, ["#", "target", "why", "figure", "samples"]))
+    print(_table(rows, ["#", "target", "why", "streamed", "samples", "buffered", "samples"]))
     for e in data["excluded"]:
         print(f"excluded {e['target']}: {e['reason']}")
     return 0
@@ -156,6 +161,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("route")
     e.add_argument("--url", default="http://127.0.0.1:8080")
     e.add_argument("--key", default=None, help="client key, if the gateway asks for one")
+    e.add_argument("--mode", choices=("streamed", "buffered"), default="streamed",
+                   help="rank by the figures of streamed (first token) or buffered (whole answer) calls")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_explain)
 

@@ -11,12 +11,14 @@ from typing import Any
 
 from aiohttp import web
 
+from .config import Route, Target
 from .errors import error_body
 from .gateway import Gateway
 from .observe.hub import Hub
 from .replies import GATEWAY, HUB, error_response, json_response
 from .routing.plan import Ask, plan
 from .routing.score import score_targets
+from .state.tracker import MODES, STREAMED
 
 
 async def models(request: web.Request) -> web.Response:
@@ -41,25 +43,33 @@ async def readyz(request: web.Request) -> web.Response:
                           "routes": len(gw.config.routes)})
 
 
+def _figures(gw: Gateway, route: Route, target: Target, now: float) -> dict[str, Any]:
+    """A target's figure, samples and age in each mode (they are separate series)."""
+    out = {}
+    for mode in MODES:
+        figure = gw.state.figure(target.key, route.fastest, now, mode)
+        age = gw.state.tracker.age(target.key, now, mode)
+        out[mode] = {"figure_s": None if figure is None else round(figure, 4),
+                     "samples": gw.state.tracker.samples(target.key, mode),
+                     "age_s": None if age is None else round(age, 3)}
+    return out
+
+
 async def health(request: web.Request) -> web.Response:
-    """Every target of every route: figure, samples, age, breaker, failures, in flight."""
+    """Every target of every route: figures per mode, breaker, failures, in flight."""
     gw = request.app[GATEWAY]
     now = gw.clock()
     out = []
     for route in gw.config.routes.values():
         for target in route.targets:
             h = gw.state.health(target.key, now)
-            figure = gw.state.figure(target.key, route.fastest, now)
-            age = gw.state.tracker.age(target.key, now)
             ts = gw.state.targets.get(target.key)
             out.append({
                 "route": route.name,
                 "target": target.name,
                 "provider": target.provider,
                 "model": target.model,
-                "figure_s": None if figure is None else round(figure, 4),
-                "samples": gw.state.tracker.samples(target.key),
-                "age_s": None if age is None else round(age, 3),
+                **_figures(gw, route, target, now),  # streamed: first token; buffered: whole answer
                 "breaker": h.state,  # closed | open | half-open (next call probes) | probing
                 "seconds_left": round(h.seconds_left, 3),  # open: until the probe may go
                 "cooling_s": round(h.cooling, 3),  # a Retry-After cool-down still running
@@ -84,17 +94,23 @@ async def explain(request: web.Request) -> web.Response:
     rng.setstate(gw.rng(name).getstate())  # a weighted draw shows what the next request draws
     now = gw.clock()
     op = request.query.get("op", "chat")
-    planned = plan(config, Ask("explain", name, op=op), gw.state, now, rng, explore=False)
+    mode = request.query.get("mode", STREAMED)
+    if mode not in MODES:
+        body = error_body(f"mode must be one of {', '.join(MODES)}, not '{mode}'.", "invalid_request_error",
+                          code="invalid_mode", param="mode")
+        return error_response(400, body)
+    planned = plan(config, Ask("explain", name, op=op, mode=mode), gw.state, now, rng, explore=False)
     d = planned.decision
-    signals, basis = _signals(gw, route, planned.targets, now, op)
+    signals, basis = _signals(gw, route, planned.targets, now, op, mode)
     order = []
     for ranked, target in zip(d.order, planned.targets, strict=True):
-        figure = gw.state.figure(target.key, route.fastest, now)
+        figures = _figures(gw, route, target, now)
         order.append({
             "target": target.name,
             "detail": ranked.detail,
-            "figure_s": None if figure is None else round(figure, 4),
-            "samples": gw.state.tracker.samples(target.key),
+            "figure_s": figures[mode]["figure_s"],  # the mode this order is for
+            "samples": figures[mode]["samples"],
+            **{m: {k: v for k, v in f.items() if k != "age_s"} for m, f in figures.items()},
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
             **signals.get(target.name, {}),
@@ -102,6 +118,7 @@ async def explain(request: web.Request) -> web.Response:
     return json_response({
         "route": name,
         "strategy": route.strategy,
+        "mode": mode,
         **({"cost_basis": basis} if basis else {}),
         "order": order,
         "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
@@ -109,11 +126,12 @@ async def explain(request: web.Request) -> web.Response:
     })
 
 
-def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str) -> tuple[dict[str, Any], str | None]:
+def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
+             mode: str) -> tuple[dict[str, Any], str | None]:
     """Each candidate's score signals, from the same pure function the planner used."""
     if route.strategy != "score":
         return {}, None
-    figures = {t.name: gw.state.figure(t.key, route.fastest, now) for t in targets}
+    figures = {t.name: gw.state.figure(t.key, route.fastest, now, mode) for t in targets}
     scored, basis = score_targets(route.score, targets, figures, gw.state, op)
     out = {
         s.target.name: {"signals": {k: round(s.signal(k), 4) for k in ("speed", "cost", "health", "quality")},

@@ -3,8 +3,9 @@
 For each candidate the provider's adapter builds the call, the transport sends
 it, and the outcome is classified by the one rule in ``classify.py``. The
 tracker, breaker, limiter and history are fed here and only here. The commit
-point is the first body chunk of a 2xx answer: before it every failure may move
-on; after it the walker hands the open call (a :class:`Lease`) to the relay.
+point is the first token of a 2xx answer (``providers/first_token.py``): before
+it every failure, an error event inside a 200 included, may move on; after it
+the walker hands the open call (a :class:`Lease`) to the relay.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from types import MappingProxyType
 
 import aiohttp
 
-from .classify import BUSY, Outcome, classify_exception, classify_status
+from .classify import BUSY, Outcome, classify_ended, classify_error, classify_exception, classify_status
 from .config import Config, Provider, Route, Target
 from .deadlines import Deadlines, Expired
 from .errors import error_body, error_type
 from .providers import Adapter, Call, adapter_for
 from .providers.anthropic_wire import TranslationError
 from .providers.base import StreamTranslator, UpstreamRequest
+from .providers.first_token import COMMITTED, Ended, FirstToken, UpstreamError, error_in_body
 from .routing.decision import Attempt
 from .state import State, TargetState
 from .state.breaker import PROBE, WAIT
 from .state.limiter import Limiter
+from .state.tracker import BUFFERED, STREAMED
 from .transport import HttpTransport, SimTransport, Upstream
 
 MAX_RETRY_AFTER = 30.0  # a longer hint abandons the target for now (it is cooled down)
@@ -38,6 +41,7 @@ MAX_DRAIN = 64 * 1024  # read after a stream's end marker before giving up on th
 BACKOFF_BASE = 0.05
 BACKOFF_CAP = 2.0
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+JSON_HEADERS: Mapping[str, str] = MappingProxyType({"content-type": "application/json"})
 SKIPPED = Outcome("cooldown", True, 503, "breaker open or probing", counts=False)
 
 
@@ -211,6 +215,7 @@ class Walker:
             self._skipped(result, target, ts, started)
             return SKIPPED
         probe = admitted == PROBE
+        failure: UpstreamError | Ended | None = None
         acquired = False
         counted = False
         upstream: Upstream | None = None
@@ -230,11 +235,17 @@ class Walker:
                     counted = True
                     upstream = await transport.send(provider, request)
                     ok = 200 <= upstream.status < 300
-                    first = await upstream.chunk() if ok else await upstream.read(MAX_ERROR_BODY)
-                    if ok and not call.stream and not upstream.at_eof():
-                        # The rest of a buffered body; its deadline is the provider's total.
-                        waiting.total = provider.timeouts.total
-                        first += await upstream.read(MAX_BUFFERED_BODY)
+                    if not ok:
+                        first = await upstream.read(MAX_ERROR_BODY)
+                    elif call.stream:
+                        first, failure = await _first_token(upstream, adapter.first_token(call))
+                    else:
+                        first = await upstream.chunk()
+                        if not upstream.at_eof():
+                            # The rest of a buffered body; its deadline is the provider's total.
+                            waiting.total = provider.timeouts.total
+                            first += await upstream.read(MAX_BUFFERED_BODY)
+                        failure = error_in_body(first)
                 except asyncio.CancelledError:
                     if waiting.timed_out():
                         raise TimeoutError("no first chunk before the deadline") from None
@@ -253,9 +264,25 @@ class Walker:
 
             now = self.clock()
             status = upstream.status
+            if ok and failure is not None:
+                # A 2xx that failed before its first token: classified like its HTTP twin.
+                outcome = _failure_outcome(failure, adapter, call.stream)
+                if not outcome.failover:
+                    result.attempts.append(Attempt(target.name, outcome.word, now - started))
+                    result.status = outcome.status
+                    result.headers = JSON_HEADERS
+                    result.body = adapter.client_error(call, outcome.status,
+                                                       adapter.error_body(outcome.status, failure.body))
+                    result.outcome = outcome
+                    return None
+                body = (adapter.error_body(outcome.status, failure.body)
+                        if isinstance(failure, UpstreamError) else None)
+                self._failed(result, route, target, ts, outcome, started, body)
+                verdict = True
+                return outcome
             if ok:
                 ttfc = now - started
-                state.tracker.record(target.key, ttfc, now)
+                state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED)
                 ts.breaker.success()
                 ts.history.append(True)
                 verdict = True
@@ -324,6 +351,26 @@ class Walker:
             body = error_body(f"{target.name}: {outcome.message}", error_type(outcome.status),
                               code=outcome.word.replace(" ", "_"))
         result.body = body
+
+
+async def _first_token(upstream: Upstream, gate: FirstToken) -> tuple[bytes, UpstreamError | Ended | None]:
+    """Read a 2xx stream until its first token (the commit point, docs/adr/0007), holding back
+    the events before it; returns what to relay, or the failure the opening turned out to be."""
+    read = upstream.chunk
+    while True:
+        data = await read()
+        verdict = gate.feed(data) if data else gate.end()
+        if verdict is COMMITTED:
+            return gate.held, None
+        if verdict is not None:
+            return b"", verdict  # type: ignore[return-value]
+
+
+def _failure_outcome(failure: UpstreamError | Ended, adapter: Adapter, streamed: bool) -> Outcome:
+    if isinstance(failure, Ended):
+        return classify_ended(failure)
+    overflow = adapter.is_context_overflow(400, failure.body)
+    return classify_error(failure, "event" if streamed else "body", overflow)
 
 
 UNTRANSLATABLE = Outcome("untranslatable", False, 400, "no faithful equivalent in this target's API")

@@ -153,7 +153,7 @@ async def load(url: str, concurrency: int, until: float, starts: dict[str, float
             async with session.get(health_url) as resp:
                 targets = (await resp.json())["targets"]
             figures.append({"t": time.monotonic() - t_load,
-                            **{t["target"]: t["figure_s"] for t in targets}})
+                            **{t["target"]: t["streamed"]["figure_s"] for t in targets}})
             await asyncio.sleep(0.25)
 
     connector = aiohttp.TCPConnector(limit=0)

@@ -307,7 +307,9 @@ EXPECTED = {  # (route, kind, stream) -> verdict; "pool" fails over to a steady 
     ("solo", "hang", True): "error", ("pool", "hang", True): "answer",
     ("solo", "reset_before", True): "error", ("pool", "reset_before", False): "answer",
     ("solo", "reset_after", True): "error event", ("solo", "cut_after", True): "error event",
-    ("solo", "hang_after", True): "error event", ("solo", "malformed_sse", True): "answer",
+    # Malformed events before any content: a failure before the first token (docs/adr/0007).
+    ("solo", "hang_after", True): "error event", ("solo", "malformed_sse", True): "error",
+    ("pool", "malformed_sse", True): "answer",
     ("solo", "garbage", True): "error", ("pool", "garbage", False): "answer",
     ("solo", "status500", False): "error", ("pool", "status500", True): "answer",
     ("solo", "status400", True): "error", ("pool", "status400", True): "error",

@@ -161,16 +161,19 @@ def test_first_chunk_histogram_matches_one_observation_at_a_time() -> None:
 
 def test_scrape_time_gauges() -> None:
     metrics = make()
-    metrics.set_figure("groq", 0.31)
-    metrics.set_figure("openai", 0.82)
-    metrics.set_figure("openai", None)  # gone stale: no series rather than an old number
+    metrics.set_figure("groq", 0.31, "streamed")
+    metrics.set_figure("groq", 1.5, "buffered")
+    metrics.set_figure("openai", 0.82, "streamed")
+    metrics.set_figure("openai", None, "streamed")  # gone stale: no series rather than an old number
     metrics.set_target_state("groq", "closed", 3)
     metrics.set_target_state("local", "open", 0)
     metrics.set_target_state("openai", "probing", 1)
     metrics.set_ledger_dropped(7)
     samples, types, _ = scrape(metrics)
-    assert value(samples, "firstbyte_target_latency_seconds", target="groq") == 0.31
-    assert ("firstbyte_target_latency_seconds", frozenset({("target", "openai")})) not in samples
+    assert value(samples, "firstbyte_target_latency_seconds", target="groq", mode="streamed") == 0.31
+    assert value(samples, "firstbyte_target_latency_seconds", target="groq", mode="buffered") == 1.5
+    assert ("firstbyte_target_latency_seconds", frozenset({("target", "openai"), ("mode", "streamed")})) \
+        not in samples
     assert value(samples, "firstbyte_breaker_state", target="groq") == 0
     assert value(samples, "firstbyte_breaker_state", target="local") == 1
     assert value(samples, "firstbyte_breaker_state", target="openai") == 2
@@ -184,7 +187,7 @@ def test_scrape_time_gauges() -> None:
 
 def test_reconfigure_bounds_labels_to_the_new_config_and_drops_departed_gauges() -> None:
     metrics = make()
-    metrics.set_figure("local", 0.2)
+    metrics.set_figure("local", 0.2, "streamed")
     metrics.set_target_state("local", "closed", 0)
     metrics.set_target_state("groq", "closed", 0)
     metrics.reconfigure({"chat", "code"}, {"groq", "openai"})

@@ -86,7 +86,7 @@ async def test_breaker_opens_skips_probes_after_cooldown_and_closes(upstreams, p
     assert status == 200 and decision_of(headers).served == "a"
     assert orjson.loads(body)["choices"][0]["message"]["content"] == "from-a"
     h = await health_of(p, "a")
-    assert (h["breaker"], h["failures"], h["samples"]) == ("closed", 0, 1)
+    assert (h["breaker"], h["failures"], h["buffered"]["samples"]) == ("closed", 0, 1)
 
 
 async def test_failed_probe_doubles_the_cooldown(upstreams, proxy):
@@ -313,10 +313,14 @@ async def test_explain_cli_prints_the_table(upstreams, proxy, capsys):
     await p.post(PATH, CHAT)
     assert await asyncio.to_thread(main, ["explain", "chat", "--url", p.url]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "route chat  strategy=ordered"
-    assert lines[1].split() == ["#", "target", "why", "figure", "samples"]
-    assert lines[2].split() == ["1", "b", "written", "0.00s", "0.000s", "1"]
+    assert lines[0] == "route chat  strategy=ordered  mode=streamed"
+    assert lines[1].split() == ["#", "target", "why", "streamed", "samples", "buffered", "samples"]
+    assert lines[2].split() == ["1", "b", "written", "-", "0", "0.000s", "1"]  # a buffered call measured b
     assert lines[3:] == ["excluded c: deny", "excluded a: breaker open 30s"]  # hard filters before health
+    assert await asyncio.to_thread(main, ["explain", "chat", "--url", p.url, "--mode", "buffered"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "route chat  strategy=ordered  mode=buffered"
+    assert lines[2].split() == ["1", "b", "written", "0.00s", "-", "0", "0.000s", "1"]  # ranked by it
     assert await asyncio.to_thread(main, ["explain", "nope", "--url", p.url]) == 1
     assert "error 404" in capsys.readouterr().err
 
@@ -329,7 +333,10 @@ async def test_health_lists_every_target_with_its_fields(upstreams, proxy):
     status, body = await p.get("/v1/health")
     assert status == 200
     a, b = body["targets"]
-    assert a == {"route": "chat", "target": "a", "provider": "a", "model": "model-a", "figure_s": None,
-                 "samples": 0, "age_s": None, "breaker": "open", "seconds_left": 26.0, "cooling_s": 0.0,
-                 "failures": 1, "in_flight": 0}
-    assert (b["breaker"], b["figure_s"], b["samples"], b["age_s"], b["failures"]) == ("closed", 0.0, 1, 4.0, 0)
+    unmeasured = {"figure_s": None, "samples": 0, "age_s": None}
+    assert a == {"route": "chat", "target": "a", "provider": "a", "model": "model-a",
+                 "streamed": unmeasured, "buffered": unmeasured, "breaker": "open", "seconds_left": 26.0,
+                 "cooling_s": 0.0, "failures": 1, "in_flight": 0}
+    assert (b["breaker"], b["failures"]) == ("closed", 0)
+    assert b["buffered"] == {"figure_s": 0.0, "samples": 1, "age_s": 4.0}  # the call was buffered
+    assert b["streamed"] == unmeasured

@@ -29,7 +29,7 @@ class Snapshot:
         self.shares = dict(shares or {})
         self.costs = dict(costs or {})
 
-    def figure(self, key: TargetKey, policy: object, now: float) -> float | None:
+    def figure(self, key: TargetKey, policy: object, now: float, mode: str = "streamed") -> float | None:
         return self.figures.get(key[0])
 
     def success_share(self, key: TargetKey) -> float | None:

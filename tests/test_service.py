@@ -212,7 +212,8 @@ async def test_access_log_ledger_and_metrics_after_known_traffic(service: Runnin
     assert samples[("firstbyte_attempts_total", (("outcome", "200"), ("target", "fast")))] == 3
     assert samples[("firstbyte_decisions_total", (("first_reason", "written"), ("route", "chat")))] == 3
     assert samples[("firstbyte_breaker_state", (("target", "fast"),))] == 0
-    assert ("firstbyte_target_latency_seconds", (("target", "fast"),)) in samples
+    for mode in ("buffered", "streamed"):  # one figure per mode: both kinds of call were made
+        assert ("firstbyte_target_latency_seconds", (("mode", mode), ("target", "fast"))) in samples
 
     service.proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(service.proc.wait(), 15) == 0

@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..config import Config
+from ..state.tracker import MODES
 from . import Observer
 from .accesslog import AccessLog
 from .ledger import Ledger
@@ -75,7 +76,8 @@ class Hub:
                 if target.name in seen:
                     continue
                 seen.add(target.name)
-                self.metrics.set_figure(target.name, state.figure(target.key, route.fastest, now))
+                for mode in MODES:
+                    self.metrics.set_figure(target.name, state.figure(target.key, route.fastest, now, mode), mode)
                 health = state.health(target.key, now)
                 ts = state.targets.get(target.key)
                 self.metrics.set_target_state(target.name, health.state, 0 if ts is None else ts.in_flight)

@@ -95,7 +95,8 @@ class Metrics:
         r = self.registry
         self.target_latency = Gauge(
             "firstbyte_target_latency_seconds",
-            "Each target's current figure: smoothed time to first chunk.",
+            "Each target's current figure per mode: smoothed time to first token (streamed) "
+            "or to the whole answer (buffered).",
             registry=r,
         )
         self.requests = Counter(
@@ -248,9 +249,9 @@ class Metrics:
 
     # -- scrape-time state ------------------------------------------------------
 
-    def set_figure(self, target: str, seconds: float | None) -> None:
-        """Set a target's figure; None (unmeasured or stale) removes its series."""
-        labels = {"target": self._target(target)}
+    def set_figure(self, target: str, seconds: float | None, mode: str) -> None:
+        """Set a target's figure in one mode; None (unmeasured or stale) removes its series."""
+        labels = {"target": self._target(target), "mode": mode}
         if seconds is None:
             self.target_latency.values.pop(labels, None)
         else:

@@ -27,6 +27,7 @@ from .anthropic_wire import (
     openai_to_anthropic_request,
 )
 from .base import Call, StreamTranslator, UpstreamRequest
+from .first_token import AnthropicFirstToken, FirstToken
 from .taps import AnthropicUsageTap
 
 __all__ = ["AnthropicAdapter"]
@@ -70,3 +71,6 @@ class AnthropicAdapter:
         if call.op == "messages":
             return AnthropicUsageTap()
         return AnthropicStreamToOpenAI(target.model, call.wants_usage, created=int(time.time()))
+
+    def first_token(self, call: Call) -> FirstToken:
+        return AnthropicFirstToken()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..config import Provider, Target
+from .first_token import FirstToken
 
 PATHS = {
     "chat": "/chat/completions",
@@ -69,3 +70,7 @@ class Adapter(Protocol):
         ...
 
     def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None: ...
+
+    def first_token(self, call: Call) -> FirstToken:
+        """The gate that holds this provider's stream back until its first token."""
+        ...

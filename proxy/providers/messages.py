@@ -21,6 +21,7 @@ from .anthropic_reverse import (
 )
 from .anthropic_reverse import error_event as anthropic_error_event
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
+from .first_token import FirstToken
 
 __all__ = ["ReverseMessages"]
 
@@ -54,3 +55,6 @@ class ReverseMessages:
 
     def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
         return _MessagesStream(target.model)
+
+    def first_token(self, call: Call) -> FirstToken:
+        return self.inner.first_token(call)  # the upstream speaks the inner kind's stream

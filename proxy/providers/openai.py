@@ -16,6 +16,7 @@ import orjson
 from ..config import Provider, Target
 from ..errors import normalise_upstream_error
 from .base import PATHS, Call, StreamTranslator, UpstreamRequest
+from .first_token import FirstToken, OpenAIFirstToken
 from .taps import OpenAIUsageTap
 
 _OVERFLOW_MARKERS = (
@@ -55,6 +56,9 @@ class OpenAIAdapter:
 
     def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
         return OpenAIUsageTap(keep_usage_chunk=call.wants_usage) if call.stream else None
+
+    def first_token(self, call: Call) -> FirstToken:
+        return OpenAIFirstToken()
 
 
 def upstream_body(target: Target, call: Call) -> dict[str, Any]:

@@ -23,12 +23,13 @@ from functools import lru_cache
 from typing import Protocol
 
 from ..config import Fastest, Route, Target, TargetKey
+from ..state.tracker import STREAMED
 from .decision import Ranked
 from .score import ScoreView, score
 
 
 class FigureView(Protocol):
-    def figure(self, key: TargetKey, policy: Fastest, now: float) -> float | None: ...
+    def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = ...) -> float | None: ...
 
 
 class OrderView(FigureView, ScoreView, Protocol):
@@ -46,14 +47,15 @@ def _recovery_policy(policy: Fastest) -> Fastest:
     return replace(policy, signal="ewma", alpha=RECOVERY_ALPHA)
 
 
-def fastest_figures(targets: Sequence[Target], state: FigureView, policy: Fastest, now: float) -> Figures:
+def fastest_figures(targets: Sequence[Target], state: FigureView, policy: Fastest, now: float,
+                    mode: str) -> Figures:
     """The figures ``fastest`` ranks by: the signal's, or the fast EWMA where that is under half of it."""
     fast = _recovery_policy(policy)
     figures: Figures = {}
     for t in targets:
-        figure = state.figure(t.key, policy, now)
+        figure = state.figure(t.key, policy, now, mode)
         if figure is not None:
-            recent = state.figure(t.key, fast, now)
+            recent = state.figure(t.key, fast, now, mode)
             if recent is not None and recent * RECOVERY_FACTOR < figure:
                 figure = recent
         figures[t.name] = figure
@@ -153,13 +155,15 @@ def order_targets(
     rng: random.Random,
     explore: bool = True,
     op: str = "chat",
+    mode: str = STREAMED,
 ) -> tuple[list[Target], list[Ranked]]:
-    """Rank ``targets`` by the route's strategy; ``explore=False`` is what explain shows."""
+    """Rank ``targets`` by the route's strategy and the figures of the request's ``mode``
+    (streamed or buffered); ``explore=False`` is what explain shows."""
     strategy = route.strategy
     if strategy == "fastest":
-        figures = fastest_figures(targets, state, route.fastest, now)
+        figures = fastest_figures(targets, state, route.fastest, now, mode)
     else:
-        figures = {t.name: state.figure(t.key, route.fastest, now) for t in targets}
+        figures = {t.name: state.figure(t.key, route.fastest, now, mode) for t in targets}
     if strategy == "score":
         return score(route.score, targets, figures, state, op)
     if strategy == "weighted":

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from ..config import Config, Route, Target
 from ..errors import ClientError
+from ..state.tracker import STREAMED
 from .decision import Decision, Excluded, Ranked
 from .eligibility import HealthView, eligible, hard_reason
 from .ordering import OrderView, order_targets
@@ -31,6 +32,7 @@ class Ask:
     pin: str | None = None  # x-route-provider
     tokens: int | None = None  # estimated prompt + max_tokens, when a target declares a window
     op: str = "chat"  # the operation, for the score strategy's measured cost per call
+    mode: str = STREAMED  # whose figures rank it: streamed (first token) or buffered (whole answer)
 
 
 @dataclass(slots=True)  # built per request: a frozen init costs about three times as much
@@ -128,9 +130,9 @@ def plan(
 
     rest = list(result.targets) if pinned is None else [t for t in result.targets if t is not pinned]
     # Behind a pin nobody leads, so exploring would only shuffle the fallback.
-    out, ranked = order_targets(route, rest, state, now, rng, explore and pinned is None, ask.op)
+    out, ranked = order_targets(route, rest, state, now, rng, explore and pinned is None, ask.op, ask.mode)
     if pinned is not None:
-        fig = state.figure(pinned.key, route.fastest, now)
+        fig = state.figure(pinned.key, route.fastest, now, ask.mode)
         detail = "pinned" if fig is None else f"pinned {fig:.2f}s"
         out.insert(0, pinned)
         ranked = [Ranked(pinned.name, detail), *_demote(ranked)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..config import Config, Fastest, TargetKey
 from .breaker import Breaker, Health
 from .limiter import Limiter
-from .tracker import Tracker
+from .tracker import STREAMED, Tracker
 
 HISTORY = 100  # recent attempts kept per target for the health share
 
@@ -44,8 +44,8 @@ class State:
         ts = self.targets.get(key)
         return _CLOSED if ts is None else ts.breaker.health(now)
 
-    def figure(self, key: TargetKey, policy: Fastest, now: float) -> float | None:
-        return self.tracker.figure(key, policy, now)
+    def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
+        return self.tracker.figure(key, policy, now, mode)
 
     def success_share(self, key: TargetKey) -> float | None:
         ts = self.targets.get(key)

@@ -1,9 +1,14 @@
-"""Time-to-first-chunk figures per (provider, upstream model).
+"""Time-to-first-token figures per (provider, upstream model), one series per mode.
 
 Fed only by the walker with answered attempts; read by the planner. Pure: the
 caller passes ``now``. EWMA is kept per smoothing factor a route asks for, so two
 routes sharing a target with different ``alpha`` each get their own figure; the
 p50 is taken over the newest ``window`` samples.
+
+A streamed call's sample is its first token; a buffered call's is its whole
+answer, which grows with the answer's length. The two clocks never share a
+series: a target measured in one mode only is unmeasured in the other
+(docs/adr/0007).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from itertools import islice
 from ..config import Fastest, TargetKey
 
 MAX_WINDOW = 10000
+STREAMED = "streamed"
+BUFFERED = "buffered"
+MODES = (STREAMED, BUFFERED)
 
 
 @dataclass(slots=True)
@@ -55,21 +63,22 @@ class Series:
 
 
 class Tracker:
-    """All figures; the one place time to first chunk is stamped."""
+    """All figures; the one place time to first token is stamped."""
 
     def __init__(self, stale_after: float = 300.0) -> None:
         self.stale_after = stale_after
-        self.series: dict[TargetKey, Series] = {}
+        self.modes: dict[str, dict[TargetKey, Series]] = {mode: {} for mode in MODES}
 
-    def record(self, key: TargetKey, seconds: float, now: float) -> None:
-        series = self.series.get(key)
+    def record(self, key: TargetKey, seconds: float, now: float, mode: str = STREAMED) -> None:
+        by_key = self.modes[mode]
+        series = by_key.get(key)
         if series is None:
-            series = self.series[key] = Series()
+            series = by_key[key] = Series()
         series.add(seconds, now, self.stale_after)
 
-    def figure(self, key: TargetKey, policy: Fastest, now: float) -> float | None:
-        """The target's figure under a route's policy, or None while it counts as unmeasured."""
-        series = self.series.get(key)
+    def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
+        """The target's figure in ``mode`` under a route's policy, or None while it counts as unmeasured."""
+        series = self.modes[mode].get(key)
         if series is None or series.newest_at is None:
             return None
         if now - series.newest_at > policy.max_age_secs:
@@ -80,18 +89,19 @@ class Tracker:
             return series.p50(policy.window)
         return series.smoothed(policy.alpha)
 
-    def age(self, key: TargetKey, now: float) -> float | None:
-        series = self.series.get(key)
+    def age(self, key: TargetKey, now: float, mode: str = STREAMED) -> float | None:
+        series = self.modes[mode].get(key)
         if series is None or series.newest_at is None:
             return None
         return now - series.newest_at
 
-    def samples(self, key: TargetKey) -> int:
-        series = self.series.get(key)
+    def samples(self, key: TargetKey, mode: str = STREAMED) -> int:
+        series = self.modes[mode].get(key)
         return 0 if series is None else len(series.samples)
 
     def retain(self, keys: set[TargetKey]) -> None:
         """Forget targets a reloaded config no longer has."""
-        for key in list(self.series):
-            if key not in keys:
-                del self.series[key]
+        for by_key in self.modes.values():
+            for key in list(by_key):
+                if key not in keys:
+                    del by_key[key]

@@ -1,0 +1,234 @@
+"""The first token: where a streamed answer commits, per wire format (docs/adr/0007).
+
+Until an upstream stream carries content, nothing has reached the client and
+every failure may still fail over. A gate is fed the stream's bytes as they
+arrive, holds back the events that carry no content yet (OpenAI's role-only
+delta, SSE comments and keep-alives, Anthropic's ``message_start``,
+``content_block_start`` of an empty text block, ``ping``) and says, per read,
+whether the stream has committed, failed, or needs more. What it held leaves
+with the first content, in the same write.
+
+A gate only reads the events before the first token: after it commits, the
+stream translator (or tap) is alone on the stream. Errors found here are
+described by :class:`UpstreamError`; ``classify.classify_error`` turns one into
+an outcome like its HTTP twin's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import orjson
+
+__all__ = [
+    "MAX_OPENING",
+    "AnthropicFirstToken",
+    "FirstToken",
+    "OpenAIFirstToken",
+    "UpstreamError",
+    "error_in_body",
+]
+
+MAX_OPENING = 256 * 1024  # bytes held back before the first token; past it the stream commits as it is
+
+COMMITTED = "committed"
+
+
+class UpstreamError(NamedTuple):
+    """An error an upstream sent inside a 2xx: an error event, or a buffered error object."""
+
+    status: int | None  # a numeric code the upstream gave (vLLM, OpenRouter), if any
+    kind: str  # the error's code or type: ``overloaded_error``, ``rate_limit_exceeded``…
+    message: str
+    body: bytes  # the error as the upstream's JSON, for the client when it is returned as it is
+
+
+class Ended(NamedTuple):
+    """The stream ended, or broke, before any content: ``why`` is the attempt's word."""
+
+    why: str  # "empty stream" | "malformed stream"
+    detail: str
+
+
+Verdict = str | UpstreamError | Ended | None  # COMMITTED, a failure, or None: read more
+
+
+class FirstToken:
+    """Hold a stream's opening until its first token; subclasses know one wire format.
+
+    ``feed`` returns None while no content has come, :data:`COMMITTED` with the
+    bytes to relay in :attr:`held`, or the failure. Each byte is searched once:
+    an event cut by a read waits in a bytearray, and the next read is searched
+    from where the last search stopped, so a drip-fed opening costs its length."""
+
+    __slots__ = ("_parts", "_pending", "_size", "held")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._pending: bytearray | None = None  # the incomplete event at the end of what was fed
+        self._size = 0
+        self.held = b""
+
+    def feed(self, data: bytes) -> Verdict:
+        self._parts.append(data)
+        self._size += len(data)
+        text: bytes | bytearray
+        if self._pending:
+            text = self._pending
+            searched = max(0, len(text) - 2)  # a blank line may straddle the two reads
+            text += data
+        else:
+            text, searched = data, 0
+        start = 0
+        while True:
+            end, step = _boundary(text, max(start, searched))
+            if end < 0:
+                break
+            verdict = self._event(bytes(text[start:end]) if isinstance(text, bytearray) else text[start:end])
+            start = end + step
+            if verdict is COMMITTED:
+                self.held = data if len(self._parts) == 1 else b"".join(self._parts)
+                return verdict
+            if verdict is not None:
+                return verdict
+        if isinstance(text, bytearray):
+            del text[:start]
+        elif start < len(text):
+            self._pending = bytearray(text[start:])
+        if self._size > MAX_OPENING:
+            # Holding more would cost memory per stream; an event this large is not a
+            # keep-alive, so it goes on as it is and the relay judges the rest.
+            self.held = b"".join(self._parts)
+            return COMMITTED
+        return None
+
+    def end(self) -> Ended:
+        """The upstream's body ended without a first token."""
+        return Ended("empty stream", "the stream ended before any content")
+
+    def _event(self, event: bytes) -> Verdict:
+        name: bytes | None = None
+        data: list[bytes] = []
+        for line in event.split(b"\n"):
+            line = line.rstrip(b"\r")
+            if line.startswith(b"data:"):
+                data.append(line[5:].lstrip(b" "))
+            elif line.startswith(b"event:"):
+                name = line[6:].strip()
+        if not data:
+            return None  # a comment or keep-alive
+        raw = b"\n".join(data)
+        if raw.strip() == b"[DONE]":
+            return self.end()
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return Ended("malformed stream", f"an event before the first token is not JSON: {raw[:80]!r}")
+        if not isinstance(payload, dict):
+            return Ended("malformed stream", f"an event before the first token is not an object: {raw[:80]!r}")
+        error = error_of(payload)
+        if error is not None:
+            return UpstreamError(*error, raw)
+        return COMMITTED if self.carries_content(name, payload) else None
+
+    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+
+def _boundary(text: bytes | bytearray, pos: int) -> tuple[int, int]:
+    """Where the next event ends (and how long its blank line is), searching from ``pos``."""
+    lf = text.find(b"\n\n", pos)
+    crlf = text.find(b"\n\r\n", pos, lf if lf >= 0 else len(text))
+    if crlf >= 0:
+        return crlf, 3
+    return lf, 2
+
+
+_DELTA_CONTENT = ("content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning",
+                  "audio")
+
+
+class OpenAIFirstToken(FirstToken):
+    """OpenAI-shape streams (``openai`` and ``simulated`` kinds; chat and completions): an event
+    commits when a choice carries content (text, a tool-call delta, a refusal, reasoning) or a
+    finish reason. A role-only delta, an empty content string and a usage-only chunk do not."""
+
+    __slots__ = ()
+
+    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+        choices = payload.get("choices")
+        if not isinstance(choices, list):
+            return False
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason") or choice.get("text"):
+                return True
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and any(delta.get(k) for k in _DELTA_CONTENT):
+                return True
+        return False
+
+
+_HELD_ANTHROPIC = (b"message_start", b"ping", b"content_block_stop")
+
+
+class AnthropicFirstToken(FirstToken):
+    """Anthropic's Messages stream (``anthropic`` kind; chat and ``/v1/messages``): the first
+    ``content_block_delta`` with something in it, a ``content_block_start`` of a tool call or
+    of a text block that already holds text, or a ``message_delta`` (its stop reason is a
+    finish) commits. ``message_start``, ``ping`` and an empty text block's start do not."""
+
+    __slots__ = ()
+
+    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+        kind = payload.get("type")
+        if kind == "content_block_delta":
+            delta = payload.get("delta")
+            if not isinstance(delta, dict):
+                return False
+            if delta.get("type") == "text_delta":
+                return bool(delta.get("text"))
+            return True  # tool input, thinking, signatures, citations: the model is answering
+        if kind == "content_block_start":
+            block = payload.get("content_block")
+            if not isinstance(block, dict):
+                return False
+            return block.get("type") != "text" or bool(block.get("text"))
+        return kind in ("message_delta", "message_stop")
+
+
+def error_of(payload: dict[str, Any]) -> tuple[int | None, str, str] | None:
+    """(numeric code, kind, message) when ``payload`` is an error in any shape upstreams use:
+    OpenAI's ``{"error": {...}}``, Anthropic's ``{"type": "error", "error": {...}}``, or vLLM's
+    ``{"object": "error", "message": ...}``."""
+    error = payload.get("error")
+    if isinstance(error, dict):
+        pass
+    elif payload.get("object") == "error" or payload.get("type") == "error":
+        error = payload
+    elif isinstance(error, str) and error:
+        error = {"message": error}
+    else:
+        return None
+    code = error.get("code")
+    status = code if isinstance(code, int) else int(code) if isinstance(code, str) and code.isdigit() else None
+    kind = code if isinstance(code, str) and code and status is None else error.get("type")
+    if not isinstance(kind, str) or not kind or kind == "error":
+        kind = "unknown"
+    message = error.get("message")
+    return status, kind, message if isinstance(message, str) and message else "upstream error"
+
+
+def error_in_body(body: bytes) -> UpstreamError | None:
+    """A buffered 2xx whose JSON body is an error object, not an answer."""
+    if b'"error"' not in body:  # an answer has no such key or value (quotes in text are escaped)
+        return None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict) or payload.get("choices") or payload.get("content"):
+        return None
+    error = error_of(payload)
+    return None if error is None else UpstreamError(*error, body)
