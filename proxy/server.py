@@ -77,15 +77,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
     decision = planned.decision
     if not planned.targets:
-        decision = decision.but(status=503)
-        ex.decision, ex.status = decision, 503
-        why = ", ".join(f"{e.name} ({e.reason})" for e in decision.excluded) or "no targets"
-        body = error_body(
-            f"No target of route '{decision.route}' can serve this request now: {why}.",
-            "service_unavailable",
-            code="no_eligible_target",
-        )
-        return error_response(503, body, decision)
+        return _nothing_eligible(ex, decision, planned.unservable)
 
     assert gw.walker is not None
     result = await gw.walker.walk(config, planned.route, planned.targets, call, rescued=planned.rescued)
@@ -122,6 +114,27 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     # Everything failed: the last error, in the OpenAI shape.
     ex.sent, ex.first_sent = len(result.body), gw.clock()
     return error_response(result.status, result.body, decision)
+
+
+def _nothing_eligible(ex: Exchange, decision: Decision, unservable: str | None) -> web.Response:
+    """503 when health or credentials emptied the route (it may recover); 400 when only the
+    request's own size or the route's floors did, since retrying can never succeed."""
+    status = 400 if unservable is not None else 503
+    decision = decision.but(status=status)
+    ex.decision, ex.status = decision, status
+    why = ", ".join(f"{e.name} ({e.reason})" for e in decision.excluded) or "no targets"
+    if unservable is None:
+        body = error_body(f"No target of route '{decision.route}' can serve this request now: {why}.",
+                          "service_unavailable", code="no_eligible_target")
+    elif unservable == "context_length_exceeded":
+        body = error_body(f"This request is too large for every target of route '{decision.route}': {why}. "
+                          "Shorten the messages or lower max_tokens.",
+                          "invalid_request_error", code=unservable, param="messages")
+    else:
+        body = error_body(f"No target of route '{decision.route}' meets its {unservable} floor: {why}. "
+                          "Declare the targets' values or lower the floor in the config.",
+                          "invalid_request_error", code=unservable)
+    return error_response(status, body, decision)
 
 
 def messages(gw: Gateway) -> Handler:

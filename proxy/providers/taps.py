@@ -17,8 +17,10 @@ import re
 
 import orjson
 
+from .anthropic_reverse import OpenAIStreamError
 from .anthropic_reverse import error_event as anthropic_error_event
 from .anthropic_wire import AnthropicStreamError, usage_from_anthropic
+from .first_token import error_of
 
 __all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
 
@@ -122,6 +124,8 @@ class OpenAIUsageTap:
         block = data if not framer._pending and data.endswith(b"\n\n") else framer.complete(data)
         if b"[DONE]" in block[-DONE_TAIL:]:
             self.done = True  # (an upstream that ends without it is done at finish() anyway)
+        if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
+            _raise_on_error_envelope(block)
         if b'"usage"' not in block:
             return block
         found = _usage_objects(block)
@@ -160,6 +164,25 @@ class OpenAIUsageTap:
         self.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion}
         return not self.keep and not chunk.get("choices")
+
+
+def _raise_on_error_envelope(block: bytes) -> None:
+    """An error envelope after the first token ends the stream with our own error event (and
+    counts against the target) instead of passing as if it were part of the answer."""
+    events = _events(block)
+    for i, event in enumerate(events):
+        if b'"error"' not in event:
+            continue
+        try:
+            payload = orjson.loads(_data(event))
+        except orjson.JSONDecodeError:
+            continue
+        error = error_of(payload) if isinstance(payload, dict) else None
+        if error is not None:
+            _, kind, message = error
+            exc = OpenAIStreamError(message, kind)
+            exc.partial = b"".join(events[:i])
+            raise exc
 
 
 class AnthropicUsageTap:

@@ -29,6 +29,9 @@ class Eligible:
     targets: tuple[Target, ...]
     excluded: tuple[Excluded, ...]
     rescued: str | None = None  # a target kept although health would remove it
+    # Nothing left, and only what the request asks (its size) or the route's floors removed
+    # it besides allow/deny: no retry can succeed. The code the client's 400 carries.
+    unservable: str | None = None
 
 
 def access_reason(route: Route, target: Target) -> str | None:
@@ -40,19 +43,25 @@ def access_reason(route: Route, target: Target) -> str | None:
     return None
 
 
-def capability_reason(route: Route, target: Target, tokens: int | None) -> str | None:
-    """Too small for this request, or below a declared floor (an undeclared value does not qualify)."""
+def capability(route: Route, target: Target, tokens: int | None) -> tuple[str, str] | None:
+    """(code, reason) when the target is too small for this request or below a declared floor
+    (an undeclared value does not qualify); the code is what a client's 400 carries."""
     if tokens is not None and target.context_window is not None and target.context_window < tokens:
-        return f"context {target.context_window} < {tokens}"
+        return "context_length_exceeded", f"context {target.context_window} < {tokens}"
     if route.min_context_window is not None and (
         target.context_window is None or target.context_window < route.min_context_window
     ):
         declared = "undeclared" if target.context_window is None else str(target.context_window)
-        return f"context window {declared} below min {route.min_context_window}"
+        return "min_context_window", f"context window {declared} below min {route.min_context_window}"
     if route.min_quality is not None and (target.quality is None or target.quality < route.min_quality):
         declared = "undeclared" if target.quality is None else f"{target.quality:g}"
-        return f"quality {declared} below min {route.min_quality:g}"
+        return "min_quality", f"quality {declared} below min {route.min_quality:g}"
     return None
+
+
+def capability_reason(route: Route, target: Target, tokens: int | None) -> str | None:
+    found = capability(route, target, tokens)
+    return None if found is None else found[1]
 
 
 def credentials_reason(target: Target, providers: Mapping[str, Provider]) -> str | None:
@@ -88,8 +97,18 @@ def eligible(
     kept: list[Target] = []
     excluded: list[Excluded] = []
     unhealthy: list[tuple[Target, Health]] = []
+    codes: list[str] = []  # capability's codes, in written order
+    lifted = False  # a removal time or an operator can lift: credentials (health is below)
     for target in route.targets:
-        reason = hard_reason(route, target, tokens, providers)
+        reason = access_reason(route, target)
+        if reason is None:
+            found = capability(route, target, tokens)
+            if found is not None:
+                code, reason = found
+                codes.append(code)
+        if reason is None:
+            reason = credentials_reason(target, providers)
+            lifted = lifted or reason is not None
         if reason is not None:
             excluded.append(Excluded(target.name, reason))
             continue
@@ -107,4 +126,7 @@ def eligible(
     for target, health in unhealthy:
         if target.name != rescued:
             excluded.append(Excluded(target.name, health.reason))
-    return Eligible(tuple(kept), tuple(excluded), rescued)
+    unservable = None
+    if not kept and codes and not lifted:
+        unservable = "context_length_exceeded" if "context_length_exceeded" in codes else codes[0]
+    return Eligible(tuple(kept), tuple(excluded), rescued, unservable)

@@ -41,6 +41,7 @@ class Plan:
     route: Route
     targets: tuple[Target, ...]  # in decision order
     rescued: str | None = None  # kept by health's last resort: the walker tries it although unhealthy
+    unservable: str | None = None  # no target left and none ever could be: the 400's code
 
 
 class Refused(ClientError):
@@ -139,7 +140,7 @@ def plan(
     elif result.rescued is not None and ranked:
         ranked[0] = Ranked(ranked[0].name, "soonest to reopen")
     decision = Decision(ask.id, route.name, route.strategy, tuple(ranked), result.excluded)
-    return Plan(decision, route, tuple(out), result.rescued)
+    return Plan(decision, route, tuple(out), result.rescued, result.unservable)
 
 
 def _pin_blocked(
