@@ -27,6 +27,7 @@ from .replies import GATEWAY, JSON, error_response, new_id
 from .request import estimate_tokens, parse_call, read_body
 from .routing.decision import HEADER, Decision, header_with
 from .routing.plan import Ask, plan
+from .state.tracker import BUFFERED, STREAMED
 from .usage import priced, usage_of_body
 
 log = logging.getLogger("firstbyte")
@@ -73,7 +74,8 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     call, model = parse_call(ex.op, raw, request.headers.get("anthropic-beta"))
     ex.stream = call.stream
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
-    ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens, op=ex.op)
+    ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens, ex.op,
+              STREAMED if call.stream else BUFFERED)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
     decision = planned.decision
     if not planned.targets:

@@ -265,21 +265,8 @@ class Walker:
             now = self.clock()
             status = upstream.status
             if ok and failure is not None:
-                # A 2xx that failed before its first token: classified like its HTTP twin.
-                outcome = _failure_outcome(failure, adapter, call.stream)
-                if not outcome.failover:
-                    result.attempts.append(Attempt(target.name, outcome.word, now - started))
-                    result.status = outcome.status
-                    result.headers = JSON_HEADERS
-                    result.body = adapter.client_error(call, outcome.status,
-                                                       adapter.error_body(outcome.status, failure.body))
-                    result.outcome = outcome
-                    return None
-                body = (adapter.error_body(outcome.status, failure.body)
-                        if isinstance(failure, UpstreamError) else None)
-                self._failed(result, route, target, ts, outcome, started, body)
                 verdict = True
-                return outcome
+                return self._failed_before_token(result, route, target, ts, adapter, call, failure, started)
             if ok:
                 ttfc = now - started
                 state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED)
@@ -326,6 +313,28 @@ class Walker:
             if probe and not verdict:
                 ts.breaker.abandon_probe()
 
+    def _failed_before_token(self, result: WalkResult, route: Route, target: Target, ts: TargetState,
+                             adapter: Adapter, call: Call, failure: UpstreamError | Ended,
+                             started: float) -> Outcome | None:
+        """A 2xx that failed before its first token, classified like its HTTP twin: an invalid
+        request goes back to the client (None: the walk is over), anything else moves on."""
+        if isinstance(failure, Ended):
+            outcome = classify_ended(failure)
+            self._failed(result, route, target, ts, outcome, started)
+            return outcome
+        overflow = adapter.is_context_overflow(400, failure.body)
+        outcome = classify_error(failure, "event" if call.stream else "body", overflow)
+        body = adapter.error_body(outcome.status, failure.body)
+        if outcome.failover:
+            self._failed(result, route, target, ts, outcome, started, body)
+            return outcome
+        result.attempts.append(Attempt(target.name, outcome.word, self.clock() - started))
+        result.status = outcome.status
+        result.headers = JSON_HEADERS
+        result.body = adapter.client_error(call, outcome.status, body)
+        result.outcome = outcome
+        return None
+
     def _skipped(self, result: WalkResult, target: Target, ts: TargetState, now: float) -> None:
         """The breaker opened (or its probe left) after planning: move on without calling it."""
         result.attempts.append(Attempt(target.name, "cooldown", 0.0, True))
@@ -364,13 +373,6 @@ async def _first_token(upstream: Upstream, gate: FirstToken) -> tuple[bytes, Ups
             return gate.held, None
         if verdict is not None:
             return b"", verdict  # type: ignore[return-value]
-
-
-def _failure_outcome(failure: UpstreamError | Ended, adapter: Adapter, streamed: bool) -> Outcome:
-    if isinstance(failure, Ended):
-        return classify_ended(failure)
-    overflow = adapter.is_context_overflow(400, failure.body)
-    return classify_error(failure, "event" if streamed else "body", overflow)
 
 
 UNTRANSLATABLE = Outcome("untranslatable", False, 400, "no faithful equivalent in this target's API")

@@ -292,7 +292,7 @@ async def test_explain_is_what_the_next_request_gets(upstreams, proxy, strategy,
         await p.post(PATH, CHAT)
     compared = 0
     for _ in range(8):
-        status, explained = await p.get("/v1/routes/chat/explain")
+        status, explained = await p.get("/v1/routes/chat/explain?mode=buffered")  # CHAT is buffered
         assert status == 200
         _, headers, _ = await p.post(PATH, CHAT)
         clock.advance(1)
