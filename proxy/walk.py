@@ -26,7 +26,7 @@ from .errors import error_body, error_type
 from .providers import Adapter, Call, adapter_for
 from .providers.anthropic_wire import TranslationError
 from .providers.base import StreamTranslator, UpstreamRequest
-from .providers.first_token import COMMITTED, Ended, FirstToken, UpstreamError, error_in_body
+from .providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
 from .routing.decision import Attempt
 from .state import State, TargetState
 from .state.breaker import PROBE, WAIT
@@ -238,7 +238,11 @@ class Walker:
                     if not ok:
                         first = await upstream.read(MAX_ERROR_BODY)
                     elif call.stream:
-                        first, failure = await _first_token(upstream, adapter.first_token(call))
+                        gate = adapter.first_token(call)
+                        first = await upstream.chunk()  # most often it holds the first token
+                        if not (gate.feed(first) if first else gate.end()):
+                            await _first_token(upstream, gate)
+                        first, failure = gate.held, gate.failure
                     else:
                         first = await upstream.chunk()
                         if not upstream.at_eof():
@@ -362,17 +366,14 @@ class Walker:
         result.body = body
 
 
-async def _first_token(upstream: Upstream, gate: FirstToken) -> tuple[bytes, UpstreamError | Ended | None]:
-    """Read a 2xx stream until its first token (the commit point, docs/adr/0007), holding back
-    the events before it; returns what to relay, or the failure the opening turned out to be."""
+async def _first_token(upstream: Upstream, gate: FirstToken) -> None:
+    """Read a 2xx stream on until its first token (the commit point, docs/adr/0007), holding
+    back the events before it, until the gate has decided: committed or failed."""
     read = upstream.chunk
-    while True:
+    decided = False
+    while not decided:
         data = await read()
-        verdict = gate.feed(data) if data else gate.end()
-        if verdict is COMMITTED:
-            return gate.held, None
-        if verdict is not None:
-            return b"", verdict  # type: ignore[return-value]
+        decided = gate.feed(data) if data else gate.end()
 
 
 UNTRANSLATABLE = Outcome("untranslatable", False, 400, "no faithful equivalent in this target's API")

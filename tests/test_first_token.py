@@ -40,12 +40,14 @@ TEXT_DELTA = event("content_block_delta", index=0, delta={"type": "text_delta", 
 
 
 def verdicts(gate: FirstToken, reads: list[bytes]) -> list[object]:
+    """Per read: None while undecided, then COMMITTED or the failure's type."""
     out: list[object] = []
     for read in reads:
-        verdict = gate.feed(read)
-        out.append(verdict if verdict is None or verdict is COMMITTED else type(verdict).__name__)
-        if verdict is not None:
-            break
+        if not gate.feed(read):
+            out.append(None)
+            continue
+        out.append(COMMITTED if gate.failure is None else type(gate.failure).__name__)
+        break
     return out
 
 
@@ -107,21 +109,20 @@ def test_anthropic_gate(reads: list[bytes], want: list[object]) -> None:
 
 def test_held_events_leave_with_the_first_content_in_order() -> None:
     gate = OpenAIFirstToken()
-    assert gate.feed(b": hi\n\n" + ROLE) is None
-    assert gate.feed(TEXT[:5]) is None
-    assert gate.feed(TEXT[5:] + delta(content="more")) is COMMITTED
+    assert not gate.feed(b": hi\n\n" + ROLE)
+    assert not gate.feed(TEXT[:5])
+    assert gate.feed(TEXT[5:] + delta(content="more")) and gate.failure is None
     assert gate.held == b": hi\n\n" + ROLE + TEXT + delta(content="more")
 
 
 def test_an_opening_past_the_bound_commits_as_it_is_instead_of_growing() -> None:
     gate = OpenAIFirstToken()
     keepalive = b": " + b"x" * 1000 + b"\n\n"
-    verdict = None
     fed = 0
-    while verdict is None:
-        verdict = gate.feed(keepalive)
+    while not gate.feed(keepalive):
         fed += len(keepalive)
-    assert verdict is COMMITTED and MAX_OPENING < fed <= MAX_OPENING + len(keepalive)
+    fed += len(keepalive)
+    assert gate.failure is None and MAX_OPENING < fed <= MAX_OPENING + len(keepalive)
 
 
 def test_a_drip_fed_event_is_searched_once() -> None:
@@ -129,10 +130,9 @@ def test_a_drip_fed_event_is_searched_once() -> None:
     gate = OpenAIFirstToken()
     stream = ROLE + TEXT
     for i, byte in enumerate(stream):
-        verdict = gate.feed(bytes([byte]))
-        if i < len(stream) - 1:
-            assert verdict is None, i
-    assert verdict is COMMITTED and gate.held == stream
+        decided = gate.feed(bytes([byte]))
+        assert decided == (i == len(stream) - 1), i
+    assert gate.failure is None and gate.held == stream
 
 
 @pytest.mark.parametrize(

@@ -51,25 +51,51 @@ class Ended(NamedTuple):
 
 
 Verdict = str | UpstreamError | Ended | None  # COMMITTED, a failure, or None: read more
+_EMPTY = Ended("empty stream", "the stream ended before any content")
 
 
 class FirstToken:
     """Hold a stream's opening until its first token; subclasses know one wire format.
 
-    ``feed`` returns None while no content has come, :data:`COMMITTED` with the
-    bytes to relay in :attr:`held`, or the failure. Each byte is searched once:
-    an event cut by a read waits in a bytearray, and the next read is searched
-    from where the last search stopped, so a drip-fed opening costs its length."""
+    ``feed`` returns True once the opening is decided: :attr:`failure` is None
+    when the stream committed (relay :attr:`held`), else what it failed with.
+    Each byte is searched once: an event cut by a read waits in a bytearray, and
+    the next read is searched from where the last search stopped, so a drip-fed
+    opening costs its length, not its length squared."""
 
-    __slots__ = ("_parts", "_pending", "_size", "held")
+    __slots__ = ("_parts", "_pending", "_size", "failure", "held")
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []
         self._pending: bytearray | None = None  # the incomplete event at the end of what was fed
         self._size = 0
         self.held = b""
+        self.failure: UpstreamError | Ended | None = None
 
-    def feed(self, data: bytes) -> Verdict:
+    def feed(self, data: bytes) -> bool:
+        if not self._parts and data.startswith(b"data: {"):
+            # The common case, kept lean (it runs once per streamed call): a first read whose
+            # first event is one data line that already carries content.
+            end = data.find(b"\n\n")
+            if end > 0 and data.find(b"\n", 0, end) == end:
+                try:
+                    payload = orjson.loads(data[6:end])
+                except orjson.JSONDecodeError:
+                    payload = None
+                if (type(payload) is dict and "error" not in payload and payload.get("object") != "error"
+                        and payload.get("type") != "error" and self.carries_content(None, payload)):
+                    self.held = data
+                    return True
+        verdict = self._scan(data)
+        if verdict is None:
+            return False
+        if verdict is COMMITTED:
+            self.held = data if len(self._parts) == 1 else b"".join(self._parts)
+        else:
+            self.failure = verdict  # type: ignore[assignment]
+        return True
+
+    def _scan(self, data: bytes) -> Verdict:
         self._parts.append(data)
         self._size += len(data)
         text: bytes | bytearray
@@ -86,9 +112,6 @@ class FirstToken:
                 break
             verdict = self._event(bytes(text[start:end]) if isinstance(text, bytearray) else text[start:end])
             start = end + step
-            if verdict is COMMITTED:
-                self.held = data if len(self._parts) == 1 else b"".join(self._parts)
-                return verdict
             if verdict is not None:
                 return verdict
         if isinstance(text, bytearray):
@@ -98,13 +121,13 @@ class FirstToken:
         if self._size > MAX_OPENING:
             # Holding more would cost memory per stream; an event this large is not a
             # keep-alive, so it goes on as it is and the relay judges the rest.
-            self.held = b"".join(self._parts)
             return COMMITTED
         return None
 
-    def end(self) -> Ended:
+    def end(self) -> bool:
         """The upstream's body ended without a first token."""
-        return Ended("empty stream", "the stream ended before any content")
+        self.failure = _EMPTY
+        return True
 
     def _event(self, event: bytes) -> Verdict:
         name: bytes | None = None
@@ -119,7 +142,7 @@ class FirstToken:
             return None  # a comment or keep-alive
         raw = b"\n".join(data)
         if raw.strip() == b"[DONE]":
-            return self.end()
+            return _EMPTY
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -160,12 +183,16 @@ class OpenAIFirstToken(FirstToken):
         if not isinstance(choices, list):
             return False
         for choice in choices:
-            if not isinstance(choice, dict):
+            if type(choice) is not dict:
                 continue
-            if choice.get("finish_reason") or choice.get("text"):
-                return True
             delta = choice.get("delta")
-            if isinstance(delta, dict) and any(delta.get(k) for k in _DELTA_CONTENT):
+            if type(delta) is dict:
+                if delta.get("content"):  # the common case first: no loop, no generator
+                    return True
+                for key in _DELTA_CONTENT:
+                    if delta.get(key):
+                        return True
+            if choice.get("finish_reason") or choice.get("text"):
                 return True
         return False
 
