@@ -77,7 +77,13 @@ class FirstToken:
             # The common case, kept lean (it runs once per streamed call): a first read whose
             # first event is one data line that already carries content.
             end = data.find(b"\n\n")
-            if end > 0 and data.find(b"\n", 0, end) == end:
+            at = data.find(b'"content":"', 0, end)
+            if at > 0 and data[at + 11] != 0x22 and data.find(b'"error"', 0, end) < 0:
+                # Compact JSON with a non-empty "content" string: unescaped quotes are structure,
+                # so this is content, known without parsing the event.
+                self.held = data
+                return True
+            if end > 0 and data.find(b"\n", 0, end) < 0:
                 try:
                     payload = orjson.loads(data[6:end])
                 except orjson.JSONDecodeError:
