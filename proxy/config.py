@@ -108,6 +108,19 @@ class Fastest:
     quality_weight: float = 0.0
     latency_target_ms: float = 2000.0
     unknown_quality: float = 0.5
+    load_aware: bool = False  # rank by figure x (1 + load_weight x requests in flight)
+    load_weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Hedge:
+    """Race the next target for the first token (docs/adr/0008)."""
+
+    after_secs: float | None = None  # a fixed delay, or
+    after_percentile: int | None = 90  # the leading target's own pNN of first-token samples
+    max_extra: float = 0.1  # at most this share of the route's requests start a second attempt
+    explore: bool = True  # exploring and measuring race the leader instead of replacing it
+    refresh_secs: float = 5.0  # under a race, a target not measured for this long is explored
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +149,7 @@ class Route:
     min_quality: float | None = None
     cooldown: Cooldown = Cooldown()
     score: ScoreWeights = ScoreWeights()
+    hedge: Hedge | None = None
 
     def target(self, name: str) -> Target | None:
         for target in self.targets:
@@ -259,6 +273,13 @@ class _Reader:
             return default
         return value
 
+    def flag(self, data: dict[str, Any], key: str, path: str, default: bool) -> bool:
+        value = data.get(key, default)
+        if not isinstance(value, bool):
+            self.problem(f"{path}.{key}", f"expected true or false, got {value!r}")
+            return default
+        return value
+
     def names(self, data: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
         value = data.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -301,6 +322,7 @@ _ROUTE_KEYS = (
     "min_quality",
     "cooldown",
     "score",
+    "hedge",
 )
 _TOP_KEYS = (
     "listen",
@@ -447,6 +469,8 @@ def _route(r: _Reader, name: str, raw: Any, providers: Mapping[str, Provider]) -
         quality_weight=r.number(fdata, "quality_weight", fp, fd.quality_weight, low=0, high=1),
         latency_target_ms=r.number(fdata, "latency_target_ms", fp, fd.latency_target_ms, low=0.001),
         unknown_quality=r.number(fdata, "unknown_quality", fp, fd.unknown_quality, low=0, high=1),
+        load_aware=r.flag(fdata, "load_aware", fp, fd.load_aware),
+        load_weight=r.number(fdata, "load_weight", fp, fd.load_weight, low=0, high=100),
     )
     cdata = r.mapping(data.get("cooldown"), f"{path}.cooldown", ("failures", "secs"))
     cooldown = Cooldown(
@@ -474,6 +498,29 @@ def _route(r: _Reader, name: str, raw: Any, providers: Mapping[str, Provider]) -
         min_quality=r.number(data, "min_quality", path, None, low=0, high=1),
         cooldown=cooldown,
         score=score,
+        hedge=_hedge(r, data.get("hedge"), f"{path}.hedge"),
+    )
+
+
+def _hedge(r: _Reader, raw: Any, path: str) -> Hedge | None:
+    if raw is None:
+        return None
+    data = r.mapping(raw, path, ("after", "max_extra", "explore", "refresh"))
+    after = data.get("after", "p90")
+    secs: float | None = None
+    percentile: int | None = None
+    if isinstance(after, str) and re.fullmatch(r"p([1-9][0-9]?)", after):
+        percentile = int(after[1:])
+    elif isinstance(after, int | float) and not isinstance(after, bool):
+        secs = r.number(data, "after", path, None, low=0.001, high=600)
+    else:
+        r.problem(f"{path}.after", f"expected seconds (0.8) or pNN of the leader's samples (p90), got {after!r}")
+    return Hedge(
+        after_secs=secs,
+        after_percentile=percentile,
+        max_extra=r.number(data, "max_extra", path, 0.1, low=0, high=1),
+        explore=r.flag(data, "explore", path, True),
+        refresh_secs=r.number(data, "refresh", path, 5.0, low=0.001),
     )
 
 

@@ -27,6 +27,8 @@ from .walk import Walker
 log = logging.getLogger("firstbyte")
 
 
+HEDGE_TICK_BASIS = 0.3  # the sweeper looks every 30 ms on a route hedged by percentile
+
 class Gateway:
     def __init__(
         self,
@@ -64,7 +66,11 @@ class Gateway:
             )
             rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
         self.state.configure(config)
-        self.deadlines.tune(t for p in config.providers.values() for t in (p.timeouts.idle, p.timeouts.first_chunk))
+        limits = [t for p in config.providers.values() for t in (p.timeouts.idle, p.timeouts.first_chunk)]
+        for route in config.routes.values():
+            if route.hedge is not None:  # a percentile hedge is due after some tenths of a second
+                limits.append(route.hedge.after_secs or HEDGE_TICK_BASIS)
+        self.deadlines.tune(limits)
         self.sized_routes = frozenset(
             name
             for name, route in config.routes.items()

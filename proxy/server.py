@@ -22,6 +22,7 @@ from .observe import Finished
 from .observe.hub import Hub
 from .ops import add_ops_routes, explain, health, models
 from .providers.anthropic_reverse import openai_error_to_anthropic
+from .race import walk_route
 from .relay import forward_headers, relay_stream
 from .replies import GATEWAY, JSON, error_response, new_id
 from .request import estimate_tokens, parse_call, read_body
@@ -82,29 +83,31 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
         return _nothing_eligible(ex, decision, planned.unservable)
 
     assert gw.walker is not None
-    result = await gw.walker.walk(config, planned.route, planned.targets, call, rescued=planned.rescued)
-    served = result.attempts[-1].name if result.lease is not None or 200 <= result.status < 300 else None
+    result = await walk_route(gw.walker, config.providers, planned, call)
+    served = result.served
+    race = result.race
     lease = result.lease
     if lease is not None:
         # A stream: its usage is known only at the end, so its record is built once, then; the
         # header goes out now, formatted from the same fields.
         attempts = tuple(result.attempts)
-        header = header_with(decision, attempts, served)
+        header = header_with(decision, attempts, served, race)
         ex.status = result.status
         headers = forward_headers(result.headers, {HEADER: header, "x-request-id": decision.id})
         try:
             return await relay_stream(request, lease, result.status, headers, gw.clock, ex)
         finally:  # even when the client left early
             ex.decision = priced(decision, lease.target.price, getattr(lease.translator, "usage", None),
-                                 attempts=attempts, served=served, status=result.status, _header=header)
+                                 attempts=attempts, served=served, status=result.status, race=race,
+                                 _header=header)
     if served is not None:
         # A buffered answer: its usage is known now, so the record is built once, priced.
         target = planned.route.target(served)
         decision = priced(decision, target.price if target is not None else None,
                           usage_of_body(call.op, result.body),
-                          attempts=tuple(result.attempts), served=served, status=result.status)
+                          attempts=tuple(result.attempts), served=served, status=result.status, race=race)
     else:
-        decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status)
+        decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status, race=race)
     ex.decision, ex.status = decision, result.status
     extra = {HEADER: decision.header(), "x-request-id": decision.id}
     if served is not None or (result.outcome is not None and not result.outcome.failover):

@@ -16,18 +16,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import aiohttp
 
 from .classify import BUSY, Outcome, classify_ended, classify_error, classify_exception, classify_status
-from .config import Config, Provider, Route, Target
+from .config import Provider, Route, Target
 from .deadlines import Deadlines, Expired
 from .errors import error_body, error_type
 from .providers import Adapter, Call, adapter_for
 from .providers.anthropic_wire import TranslationError
 from .providers.base import StreamTranslator, UpstreamRequest
 from .providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
-from .routing.decision import Attempt
+from .routing.decision import Attempt, Racer
 from .state import State, TargetState
 from .state.breaker import PROBE, WAIT
 from .state.limiter import Limiter
@@ -129,7 +130,7 @@ class _Waiting:
 class WalkResult:
     """What a walk ended with: filled in attempt by attempt."""
 
-    __slots__ = ("attempts", "body", "headers", "lease", "outcome", "status")
+    __slots__ = ("attempts", "body", "headers", "lease", "outcome", "race", "served", "status")
 
     def __init__(self) -> None:
         self.attempts: list[Attempt] = []
@@ -138,6 +139,8 @@ class WalkResult:
         self.headers: Mapping[str, str] = NO_HEADERS
         self.body = b""  # the buffered answer, a client error as it is, or the final error
         self.outcome: Outcome | None = None  # why the walk ended without an answer
+        self.race: tuple[Racer, ...] = ()  # the targets that ran side by side, when any did
+        self.served: str | None = None  # the target whose 2xx answer this is
 
 
 class Walker:
@@ -161,45 +164,54 @@ class Walker:
 
     def drain(self, lease: Lease) -> None:
         """Read a finished stream's tail in a task of its own (see ``Lease.finish_after_end``)."""
-        task = asyncio.get_running_loop().create_task(_drain(lease, self.clock))
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
+        self.keep(asyncio.get_running_loop().create_task(_drain(lease, self.clock)))
 
     def close(self) -> None:
         """Stop the drains still running (at shutdown their connections are closing anyway)."""
         for task in list(self._drains):
             task.cancel()
 
-    async def walk(self, config: Config, route: Route, targets: tuple[Target, ...], call: Call,
-                   providers: Mapping[str, Provider] | None = None, *,
-                   rescued: str | None = None) -> WalkResult:
-        """Try ``targets`` in order; ``rescued`` names the one health kept although unhealthy."""
-        providers = config.providers if providers is None else providers
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        """Hold a task that outlives its request (a drain, a racer still being measured) until it
+        ends, so it is not collected midway and ``close`` can stop it."""
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    async def walk(self, route: Route, targets: tuple[Target, ...], call: Call,
+                   providers: Mapping[str, Provider], *, rescued: str | None = None) -> WalkResult:
+        """Try ``targets`` in order, one at a time; ``rescued`` names the one health kept although
+        unhealthy. (A route with ``hedge`` is walked by ``race.py`` instead.)"""
         result = WalkResult()
         for target in targets:
-            provider = providers[target.provider]
-            adapter = adapter_for(provider.kind, call.op)
-            try:
-                request = adapter.build(provider, target, call)
-            except TranslationError as exc:
-                _untranslatable(result, target, exc)
-                continue
-            for n in range(target.retry + 1):
-                outcome = await self._attempt(result, route, target, provider, adapter, call, request,
-                                              target.name == rescued)
-                if outcome is SKIPPED:
-                    break
-                if outcome is None:  # committed, or a client error returned as it is
-                    return result
-                hint = outcome.retry_after
-                if hint is not None and hint > MAX_RETRY_AFTER:
-                    break
-                if n < target.retry:
-                    if hint is not None:
-                        await asyncio.sleep(hint)
-                    else:
-                        await asyncio.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)))
+            if await self.try_target(result, route, target, providers, call, target.name == rescued):
+                return result
         return result
+
+    async def try_target(self, result: WalkResult, route: Route, target: Target,
+                         providers: Mapping[str, Provider], call: Call, rescue: bool) -> bool:
+        """One target, with its retries; True when the walk is over (an answer or a client error)."""
+        provider = providers[target.provider]
+        adapter = adapter_for(provider.kind, call.op)
+        try:
+            request = adapter.build(provider, target, call)
+        except TranslationError as exc:
+            _untranslatable(result, target, exc)
+            return False
+        for n in range(target.retry + 1):
+            outcome = await self._attempt(result, route, target, provider, adapter, call, request, rescue)
+            if outcome is SKIPPED:
+                return False
+            if outcome is None:  # committed, or a client error returned as it is
+                return True
+            hint = outcome.retry_after
+            if hint is not None and hint > MAX_RETRY_AFTER:
+                return False
+            if n < target.retry:
+                if hint is not None:
+                    await asyncio.sleep(hint)
+                else:
+                    await asyncio.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)))
+        return False
 
     async def _attempt(self, result: WalkResult, route: Route, target: Target, provider: Provider,
                        adapter: Adapter, call: Call, request: UpstreamRequest,
@@ -278,6 +290,7 @@ class Walker:
                 ts.history.append(True)
                 verdict = True
                 result.attempts.append(Attempt(target.name, str(status), ttfc, False, ttfc))
+                result.served = target.name
                 result.status = status
                 result.headers = upstream.headers
                 if call.stream:

@@ -7,7 +7,11 @@ ledger) only read it. The header grammar is fixed by DESIGN.md::
     id=7f3a9c; route=chat; strategy=fastest; order=groq(fastest 0.31s), openai(0.82s);
     excluded=local(breaker open 12s); attempts=groq(503 0.04s), openai(200 0.79s); served=openai
 
-Fields with no items (``excluded``, ``attempts``, ``served``) are left out, so the
+A request that raced (docs/adr/0008) also carries ``race=``: each racer with why it
+ran (``leader``, ``hedge 0.40s``, ``explore``, ``measure``, or ``budget exhausted`` for a
+hedge that was due but not paid for), in the order they started.
+
+Fields with no items (``excluded``, ``attempts``, ``race``, ``served``) are left out, so the
 parser treats a missing field as empty.
 """
 
@@ -23,6 +27,7 @@ __all__ = [
     "Excluded",
     "HeaderError",
     "ParsedDecision",
+    "Racer",
     "Ranked",
     "format_header",
     "header_with",
@@ -64,6 +69,13 @@ class Attempt(NamedTuple):
     ttfc: float | None = None  # time to first chunk when the upstream answered 2xx
 
 
+class Racer(NamedTuple):
+    """A target that ran side by side with others, and why: ``leader``, ``hedge 0.40s``…"""
+
+    name: str
+    role: str
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Why a request went where it went; the same record feeds header, log, metrics, ledger."""
@@ -78,6 +90,7 @@ class Decision:
     status: int | None = None
     usage: dict[str, int] = field(default_factory=dict)
     cost_usd: float | None = None
+    race: tuple[Racer, ...] = ()
     _header: str | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -112,7 +125,7 @@ class Decision:
 
 
 _FIELDS = tuple(f for f in Decision.__dataclass_fields__)
-_HEADER_FIELDS = frozenset({"id", "route", "strategy", "order", "excluded", "attempts", "served"})
+_HEADER_FIELDS = frozenset({"id", "route", "strategy", "order", "excluded", "attempts", "served", "race"})
 
 
 def scrub(text: str) -> str:
@@ -121,10 +134,11 @@ def scrub(text: str) -> str:
 
 
 def format_header(decision: Decision) -> str:
-    return header_with(decision, decision.attempts, decision.served)
+    return header_with(decision, decision.attempts, decision.served, decision.race)
 
 
-def header_with(decision: Decision, attempts: tuple[Attempt, ...], served: str | None) -> str:
+def header_with(decision: Decision, attempts: tuple[Attempt, ...], served: str | None,
+                race: tuple[Racer, ...] = ()) -> str:
     """The header of ``decision`` once it has these attempts and this served target, without
     building that record yet (a stream's is built when its usage is known, at the end)."""
     # List comprehensions, not generators, inside join: this runs for every request.
@@ -134,6 +148,8 @@ def header_with(decision: Decision, attempts: tuple[Attempt, ...], served: str |
         text += "; excluded=" + ", ".join([f"{e.name}({e.reason})" for e in decision.excluded])
     if attempts:
         text += "; attempts=" + ", ".join([f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in attempts])
+    if race:
+        text += "; race=" + ", ".join([f"{r.name}({r.role})" for r in race])
     if served:
         text += f"; served={served}"
     return text
@@ -154,6 +170,7 @@ class ParsedDecision:
     excluded: tuple[tuple[str, str], ...]
     attempts: tuple[tuple[str, str], ...]
     served: str | None
+    race: tuple[tuple[str, str], ...] = ()
 
     @property
     def order_names(self) -> list[str]:
@@ -176,7 +193,7 @@ class ParsedDecision:
 
 
 _ITEM = re.compile(r"^([^()]+)\(([^()]*)\)$")
-_KEYS = ("id", "route", "strategy", "order", "excluded", "attempts", "served")
+_KEYS = ("id", "route", "strategy", "order", "excluded", "attempts", "race", "served")
 
 
 def _items(key: str, value: str) -> tuple[tuple[str, str], ...]:
@@ -212,4 +229,5 @@ def parse_header(value: str) -> ParsedDecision:
         excluded=_items("excluded", fields.get("excluded", "")),
         attempts=_items("attempts", fields.get("attempts", "")),
         served=fields.get("served") or None,
+        race=_items("race", fields.get("race", "")),
     )

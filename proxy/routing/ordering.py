@@ -35,6 +35,10 @@ class FigureView(Protocol):
 class OrderView(FigureView, ScoreView, Protocol):
     """What ordering reads of the state snapshot."""
 
+    def in_flight(self, key: TargetKey) -> int: ...
+
+    def age(self, key: TargetKey, now: float, mode: str = ...) -> float | None: ...
+
 
 Figures = dict[str, float | None]
 
@@ -47,9 +51,10 @@ def _recovery_policy(policy: Fastest) -> Fastest:
     return replace(policy, signal="ewma", alpha=RECOVERY_ALPHA)
 
 
-def fastest_figures(targets: Sequence[Target], state: FigureView, policy: Fastest, now: float,
+def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest, now: float,
                     mode: str) -> Figures:
-    """The figures ``fastest`` ranks by: the signal's, or the fast EWMA where that is under half of it."""
+    """The figures ``fastest`` ranks by: the signal's, or the fast EWMA where that is under half of it;
+    with ``load_aware``, times ``load_penalty`` (the requests the target already has in flight)."""
     fast = _recovery_policy(policy)
     figures: Figures = {}
     for t in targets:
@@ -58,8 +63,31 @@ def fastest_figures(targets: Sequence[Target], state: FigureView, policy: Fastes
             recent = state.figure(t.key, fast, now, mode)
             if recent is not None and recent * RECOVERY_FACTOR < figure:
                 figure = recent
+            if policy.load_aware:
+                figure *= load_penalty(policy, state.in_flight(t.key))
         figures[t.name] = figure
     return figures
+
+
+def load_penalty(policy: Fastest, in_flight: int) -> float:
+    """Peak-EWMA style (Finagle, Linkerd): a figure counts ``1 + load_weight x in_flight`` times,
+    so a burst spreads over the pool instead of landing on a leader whose figure is still good."""
+    return 1.0 + policy.load_weight * in_flight if policy.load_aware else 1.0
+
+
+def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: float, mode: str) -> str | None:
+    """Under a racing route with ``hedge.explore``: the target whose figure is oldest, when it is
+    older than ``hedge.refresh_secs`` (exploring it costs the client nothing, so do it on time)."""
+    hedge = route.hedge
+    if hedge is None or not hedge.explore:
+        return None
+    best: tuple[float, str] | None = None
+    for t in targets:
+        age = state.age(t.key, now, mode)
+        if age is not None and age > hedge.refresh_secs and (best is None or age > best[0]) \
+                and not state.in_flight(t.key):  # one request re-measures it, not every one
+            best = (age, t.name)
+    return None if best is None else best[1]
 
 
 def _secs(value: float | None) -> str:
@@ -109,9 +137,17 @@ def fastest(
     figures: Figures,
     policy: Fastest,
     rng: random.Random | None,
+    measuring: frozenset[str] = frozenset(),
+    stale: str | None = None,
 ) -> tuple[list[Target], str]:
-    """Unmeasured first (so they get measured), then fastest first; sometimes explore."""
-    unmeasured = [t for t in targets if figures[t.name] is None]
+    """Unmeasured first (so they get measured), then fastest first; sometimes explore.
+
+    A target in ``measuring`` (unmeasured, an attempt already in flight) is not put first again:
+    concurrent requests of a cold start go by the figures that exist, and it goes last. ``stale``
+    names a target to explore because its figure is old (only under a race, where exploring is free).
+    """
+    unmeasured = [t for t in targets if figures[t.name] is None and t.name not in measuring]
+    busy = [t for t in targets if figures[t.name] is None and t.name in measuring]
     measured = [t for t in targets if figures[t.name] is not None]
     if policy.quality_weight > 0:
         w = policy.quality_weight
@@ -126,9 +162,12 @@ def fastest(
         measured.sort(key=blended)
     else:
         measured.sort(key=_speed_key(figures))
-    out = unmeasured + measured
-    if unmeasured:
+    out = unmeasured + measured + busy
+    if unmeasured or not measured:
         return out, "unmeasured"
+    if rng is not None and stale is not None and out[0].name != stale:
+        out.insert(0, out.pop(next(i for i, t in enumerate(out) if t.name == stale)))
+        return out, "explore"
     if rng is not None and len(out) > 1 and policy.explore > 0 and rng.random() < policy.explore:
         pick = 1 + int(rng.random() * (len(out) - 1))
         out.insert(0, out.pop(pick))
@@ -169,7 +208,9 @@ def order_targets(
     if strategy == "weighted":
         out, first = weighted(targets, figures, rng)
     elif strategy == "fastest":
-        out, first = fastest(targets, figures, route.fastest, rng if explore else None)
+        measuring = frozenset(t.name for t in targets if figures[t.name] is None and state.in_flight(t.key))
+        stale = stalest(route, targets, state, now, mode) if explore else None
+        out, first = fastest(targets, figures, route.fastest, rng if explore else None, measuring, stale)
     elif strategy == "cheapest":
         out, first = cheapest(targets, figures)
     else:

@@ -42,6 +42,7 @@ class Plan:
     targets: tuple[Target, ...]  # in decision order
     rescued: str | None = None  # kept by health's last resort: the walker tries it although unhealthy
     unservable: str | None = None  # no target left and none ever could be: the 400's code
+    together: int = 1  # targets the walk starts at once: 2 when an explored or unmeasured one races
 
 
 class Refused(ClientError):
@@ -140,7 +141,12 @@ def plan(
     elif result.rescued is not None and ranked:
         ranked[0] = Ranked(ranked[0].name, "soonest to reopen")
     decision = Decision(ask.id, route.name, route.strategy, tuple(ranked), result.excluded)
-    return Plan(decision, route, tuple(out), result.rescued, result.unservable)
+    together = 1
+    hedge = route.hedge
+    if (hedge is not None and hedge.explore and pinned is None and len(out) > 1 and ranked
+            and ranked[0].detail.split(" ", 1)[0] in ("explore", "unmeasured")):
+        together = 2  # learning races the next target instead of making the client wait for it
+    return Plan(decision, route, tuple(out), result.rescued, result.unservable, together)
 
 
 def _pin_blocked(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..config import Config, Fastest, TargetKey
 from .breaker import Breaker, Health
+from .budget import HedgeBudget
 from .limiter import Limiter
 from .tracker import STREAMED, Tracker
 
@@ -33,6 +34,7 @@ class State:
         # Measured mean USD per call by (target name, operation), refreshed from the ledger
         # by a background task (observe/costs.py); the score strategy reads it.
         self.costs: dict[tuple[str, str], float] = {}
+        self.budgets: dict[str, HedgeBudget] = {}  # per route with a hedge
 
     def target(self, key: TargetKey) -> TargetState:
         ts = self.targets.get(key)
@@ -47,11 +49,24 @@ class State:
     def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
         return self.tracker.figure(key, policy, now, mode)
 
+    def in_flight(self, key: TargetKey) -> int:
+        ts = self.targets.get(key)
+        return 0 if ts is None else ts.in_flight
+
+    def age(self, key: TargetKey, now: float, mode: str = STREAMED) -> float | None:
+        return self.tracker.age(key, now, mode)
+
     def success_share(self, key: TargetKey) -> float | None:
         ts = self.targets.get(key)
         if ts is None or not ts.history:
             return None
         return sum(ts.history) / len(ts.history)
+
+    def budget(self, route: str, share: float) -> HedgeBudget:
+        budget = self.budgets.get(route)
+        if budget is None or budget.share != share:
+            budget = self.budgets[route] = HedgeBudget(share)
+        return budget
 
     def limiter(self, provider: str) -> Limiter | None:
         return self.limiters.get(provider)
@@ -63,6 +78,7 @@ class State:
             if key not in keys:
                 del self.targets[key]
         self.tracker.retain(keys)
+        self.budgets = {name: b for name, b in self.budgets.items() if name in config.routes}
         self.tracker.stale_after = max(
             [r.fastest.max_age_secs for r in config.routes.values()] or [300.0]
         )

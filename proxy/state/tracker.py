@@ -95,6 +95,11 @@ class Tracker:
             return None
         return now - series.newest_at
 
+    def recent(self, key: TargetKey, mode: str) -> list[float]:
+        """The newest samples, oldest first (a hedge's percentile is taken over them)."""
+        series = self.modes[mode].get(key)
+        return [] if series is None else list(islice(reversed(series.samples), 100))[::-1]
+
     def samples(self, key: TargetKey, mode: str = STREAMED) -> int:
         series = self.modes[mode].get(key)
         return 0 if series is None else len(series.samples)
