@@ -1,0 +1,259 @@
+"""The race for the first token, over real loopback HTTP (docs/adr/0008)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import anthropic
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.config import parse_config
+
+from .anthropic_fakes import anthropic_provider, text_events
+from .conftest import chat_body, chunk_event, decision_of, openai_provider, route_config, status_handler
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class Timed:
+    """An upstream whose headers and first token come when told; it records each call's start and
+    whether its connection was closed before it finished."""
+
+    def __init__(self, first: float, headers_at: float = 0.0, text: str = "tok") -> None:
+        self.first = first
+        self.headers_at = headers_at
+        self.text = text
+        self.starts: list[float] = []
+        self.cut = 0
+        self.finished = 0
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        self.starts.append(time.monotonic())
+        body = await request.json()
+        try:
+            if not body.get("stream"):
+                await asyncio.sleep(self.first)
+                response = web.json_response(chat_body(self.text))
+                self.finished += 1
+                return response
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await asyncio.sleep(self.headers_at)
+            await response.prepare(request)
+            await response.write(b": keep-alive\n\n")  # headers and bytes, but no token yet
+            await asyncio.sleep(self.first - self.headers_at)
+            await response.write(chunk_event(self.text) + chunk_event("", "stop") + b"data: [DONE]\n\n")
+            await response.write_eof()
+            self.finished += 1
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cut += 1  # firstbyte closed the connection: the racer was cancelled
+            raise
+
+
+async def race_proxy(upstreams, proxy, handlers: dict[str, Any], strategy: str = "ordered",
+                     hedge: dict[str, Any] | None = None, **route: Any):
+    ups = {name: await upstreams({"/v1/chat/completions": h}) for name, h in handlers.items()}
+    config = route_config([{"provider": n, "model": "m"} for n in handlers],
+                          {n: openai_provider(u.url) for n, u in ups.items()}, strategy,
+                          hedge={"after": 0.2, **(hedge or {})}, **route)
+    return ups, await proxy(config)
+
+
+async def settle(*handlers: Timed, want: int, secs: float = 3.0) -> None:
+    """Wait (bounded) until the upstreams have seen ``want`` calls end one way or the other."""
+    deadline = time.monotonic() + secs
+    while sum(h.cut + h.finished for h in handlers) < want and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+async def test_a_hedge_starts_after_the_delay_and_the_first_token_wins(upstreams, proxy):
+    a, b = Timed(first=1.0), Timed(first=0.05, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b})
+    t0 = time.monotonic()
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    took = time.monotonic() - t0
+    assert status == 200 and b"from-b" in body and body.endswith(b"data: [DONE]\n\n")
+    d = decision_of(headers)
+    assert d.served == "b"
+    assert [name for name, _ in d.race] == ["a", "b"]
+    assert d.race[0] == ("a", "leader") and d.race[1][1].startswith("hedge 0.2")
+    assert [outcome.split()[0] for _, outcome in d.attempt_outcomes()] == ["lost", "200"]
+    assert b.starts[0] - a.starts[0] >= 0.2  # not before `after`
+    assert took < 0.6  # the leader's own first token would have come at 1.0 s
+    await settle(a, b, want=2)
+    assert a.cut == 1  # the loser's upstream saw its connection closed
+    assert p.gateway.state.health(("a", "m"), p.gateway.clock()).failures == 0  # and it is not blamed
+
+
+async def test_the_winner_is_the_first_token_not_the_first_headers(upstreams, proxy):
+    a = Timed(first=0.8, headers_at=0.0)  # headers and a keep-alive at once, its token late
+    b = Timed(first=0.25, headers_at=0.2, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.05})
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    assert decision_of(headers).served == "b" and b"from-b" in body
+
+
+async def test_a_hedge_that_fails_lets_the_leader_win_and_a_failed_leader_lets_the_hedge_win(upstreams, proxy):
+    a = Timed(first=0.4)
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": status_handler(503), "c": Timed(first=2.0)})
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "a"
+    assert d.attempt_outcomes()[:2] == [("b", "503"), ("a", "200")] or d.attempt_outcomes()[:2] == [
+        ("a", "200"), ("b", "503")]
+    # The walk goes on after a failed leader: the hedge, already running, answers.
+    async def late_503(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.3)
+        return web.json_response({"error": {"message": "busy", "type": "server_error"}}, status=503)
+
+    ups2, p2 = await race_proxy(upstreams, proxy, {"a": late_503, "b": Timed(first=0.2, text="from-b")},
+                                hedge={"after": 0.1})
+    status, headers, body = await p2.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "b" and b"from-b" in body
+    assert sorted(d.attempt_outcomes()) == [("a", "503"), ("b", "200")]
+
+
+async def test_the_budget_stops_hedges_past_max_extra(upstreams, proxy):
+    a, b = Timed(first=0.03), Timed(first=0.001)
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.005, "max_extra": 0.1})
+    requests = 300
+    queue = list(range(requests))
+    hedges = refused = 0
+
+    async def worker() -> None:
+        nonlocal hedges, refused
+        async with aiohttp.ClientSession() as session:
+            while queue:
+                queue.pop()
+                async with session.post(p.url + "/v1/chat/completions", json=CHAT) as resp:
+                    assert resp.status == 200
+                    roles = [role for _, role in decision_of(dict(resp.headers)).race]
+                    hedges += any(role.startswith("hedge") for role in roles)
+                    refused += "budget exhausted" in roles
+
+    await asyncio.gather(*(worker() for _ in range(8)))
+    assert hedges <= 1 + requests * 0.1  # the bucket's start plus its share
+    assert hedges >= requests * 0.1 - 5  # and the budget is spent, not hoarded
+    assert refused == requests - hedges
+    assert len(b.starts) == hedges  # every hedge is one duplicate upstream call, no more
+
+
+async def test_an_explored_loser_is_measured_from_its_own_first_token(upstreams, proxy):
+    a, b = Timed(first=0.02), Timed(first=0.3, text="slow")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1})
+    for _ in range(2):  # cold start: a and b race each other, both get measured
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    await settle(a, b, want=3)
+    fastest = p.gateway.config.routes["chat"].fastest
+    key = ("b", "m")
+    samples = p.gateway.state.tracker.samples(key)
+    route = p.gateway.config.routes["chat"]
+    p.gateway.apply(parse_config({**_raw(p), "routes": {"chat": {**_raw_route(route), "fastest": {
+        "explore": 1.0, "seed": 1}}}}, {}))  # now every request explores
+    t0 = time.monotonic()
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    took = time.monotonic() - t0
+    d = decision_of(headers)
+    assert d.race == (("b", "explore"), ("a", "leader"))
+    assert d.served == "a" and took < 0.25  # the client did not wait for the explored target
+    assert ("b", "measuring") in d.attempt_outcomes()
+    await settle(a, b, want=5)
+    assert p.gateway.state.tracker.samples(key) == samples + 1
+    figure = p.gateway.state.tracker.recent(key, "streamed")[-1]
+    assert 0.28 < figure < 0.6  # its own first token, not the winner's, not a guess
+    assert b.finished >= 1 and p.gateway.state.health(key, p.gateway.clock()).failures == 0
+    assert fastest.explore == 0
+
+
+def _raw(p) -> dict[str, Any]:
+    cfg = p.gateway.config
+    return {"providers": {n: {"kind": "openai", "base_url": pr.base_url} for n, pr in cfg.providers.items()}}
+
+
+def _raw_route(route) -> dict[str, Any]:
+    return {"strategy": route.strategy, "targets": [{"provider": t.provider, "model": t.model} for t in route.targets],
+            "hedge": {"after": route.hedge.after_secs, "max_extra": route.hedge.max_extra}}
+
+
+async def test_a_client_that_leaves_cancels_every_racer(upstreams, proxy):
+    a, b = Timed(first=3.0), Timed(first=3.0)
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.1})
+    async with aiohttp.ClientSession() as session:
+        task = asyncio.create_task(session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}))
+        deadline = time.monotonic() + 2
+        while len(b.starts) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert len(a.starts) == len(b.starts) == 1  # both racing
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await settle(a, b, want=2)
+    assert (a.cut, b.cut) == (1, 1)
+    assert sum(ts.in_flight for ts in p.gateway.state.targets.values()) == 0
+
+
+async def test_a_buffered_call_and_a_messages_client_race_too(upstreams, proxy):
+    a, b = Timed(first=1.0), Timed(first=0.05, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b})
+    status, headers, body = await p.post("/v1/chat/completions", CHAT)
+    assert orjson.loads(body)["choices"][0]["message"]["content"] == "from-b"
+    assert decision_of(headers).served == "b"
+
+    async def slow_messages(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        events = text_events(["late"])
+        await response.write(events[0])  # message_start: no token yet
+        await asyncio.sleep(1.0)
+        for piece in events[1:]:
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    claude = await upstreams({"/v1/messages": slow_messages})
+    quick = await upstreams({"/v1/chat/completions": Timed(first=0.05, text="quick")})
+    config = route_config([{"provider": "claude", "model": "c"}, {"provider": "quick", "model": "q"}],
+                          {"claude": anthropic_provider(claude.url), "quick": openai_provider(quick.url)},
+                          hedge={"after": 0.2})
+    p2 = await proxy(config)
+    client = anthropic.AsyncAnthropic(base_url=p2.url, api_key="k", max_retries=0)
+    try:
+        raw = await client.messages.with_raw_response.create(
+            model="chat", max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+    finally:
+        await client.close()
+    assert (await raw.parse()).content[0].text == "quick"
+    assert decision_of(dict(raw.headers)).served == "quick"
+
+
+async def test_a_reload_mid_race_loses_nothing(upstreams, proxy):
+    a, b = Timed(first=1.0), Timed(first=0.4, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b})
+    finished: list[Any] = []
+    p.gateway.observers.append(_Collect(finished))
+    post = asyncio.create_task(p.post("/v1/chat/completions", {**CHAT, "stream": True}))
+    await asyncio.sleep(0.3)  # the hedge is running
+    p.gateway.apply(parse_config({**_raw(p), "routes": {"chat": {"strategy": "ordered", "targets": [
+        {"provider": "b", "model": "m"}]}}}, {}))
+    status, headers, body = await post
+    assert status == 200 and b"from-b" in body and body.endswith(b"data: [DONE]\n\n")
+    await asyncio.sleep(0.05)
+    assert [f.decision.served for f in finished] == ["b"]
+
+
+class _Collect:
+    def __init__(self, into: list[Any]) -> None:
+        self.into = into
+
+    def on_finished(self, finished: Any) -> None:
+        self.into.append(finished)
+
+    async def close(self) -> None:
+        pass
