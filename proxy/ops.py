@@ -17,6 +17,7 @@ from .gateway import Gateway
 from .observe.hub import Hub
 from .replies import GATEWAY, HUB, error_response, json_response
 from .routing.plan import Ask, plan
+from .routing.ordering import load_penalty
 from .routing.score import score_targets
 from .state.tracker import MODES, STREAMED
 
@@ -75,6 +76,8 @@ async def health(request: web.Request) -> web.Response:
                 "cooling_s": round(h.cooling, 3),  # a Retry-After cool-down still running
                 "failures": h.failures,  # consecutive failover-safe failures
                 "in_flight": 0 if ts is None else ts.in_flight,
+                # what load-aware fastest multiplies the figure by now (1 when it is off)
+                "load_penalty": round(load_penalty(route.fastest, 0 if ts is None else ts.in_flight), 3),
             })
     return json_response({"targets": out})
 
@@ -111,6 +114,8 @@ async def explain(request: web.Request) -> web.Response:
             "figure_s": figures[mode]["figure_s"],  # the mode this order is for
             "samples": figures[mode]["samples"],
             **{m: {k: v for k, v in f.items() if k != "age_s"} for m, f in figures.items()},
+            "in_flight": gw.state.in_flight(target.key),
+            "load_penalty": round(load_penalty(route.fastest, gw.state.in_flight(target.key)), 3),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
             **signals.get(target.name, {}),

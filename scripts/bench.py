@@ -129,16 +129,20 @@ def floor(procs: Procs, name: str, port: int, upstream: int) -> subprocess.Popen
                               "--upstream", f"http://127.0.0.1:{upstream}"], port)
 
 
+HEDGE = {"after": "p90", "max_extra": 0.1, "explore": True}
+
+
 def firstbyte_config(port: int, upstream: int) -> dict[str, Any]:
-    """Route ``one`` (one target) and ``five`` (five providers), both ``fastest``, all on ``upstream``."""
+    """Route ``one`` (one target) and ``five`` (five providers), both ``fastest`` with ``hedge`` on (as
+    routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
     return {
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
         "providers": providers,
         "routes": {
-            "one": {"strategy": "fastest", "targets": [{"provider": "p1", "model": "sim"}]},
-            "five": {"strategy": "fastest",
+            "one": {"strategy": "fastest", "targets": [{"provider": "p1", "model": "sim"}], "hedge": HEDGE},
+            "five": {"strategy": "fastest", "hedge": HEDGE,
                      "targets": [{"provider": p, "model": "sim"} for p in providers]},
         },
     }

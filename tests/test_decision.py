@@ -11,6 +11,7 @@ from proxy.routing.decision import (
     Decision,
     Excluded,
     HeaderError,
+    Racer,
     Ranked,
     format_header,
     parse_header,
@@ -57,6 +58,19 @@ def test_format_matches_the_design_example() -> None:
                      (Excluded("a", "breaker open 20s"),)),
             id="health-rescue",
         ),
+        pytest.param(
+            Decision("a1", "chat", "fastest", (Ranked("a", "fastest 0.31s"), Ranked("b", "0.82s")),
+                     attempts=(Attempt("a", "lost", 0.52), Attempt("b", "200", 0.11)), served="b",
+                     race=(Racer("a", "leader"), Racer("b", "hedge 0.40s"))),
+            id="hedged-race",
+        ),
+        pytest.param(
+            Decision("a1", "chat", "fastest", (Ranked("b", "explore 0.82s"), Ranked("a", "0.31s")),
+                     attempts=(Attempt("b", "measuring", 0.31), Attempt("a", "error event overloaded", 0.01),
+                               Attempt("c", "200", 0.2)), served="c",
+                     race=(Racer("b", "explore"), Racer("a", "leader"), Racer("c", "budget exhausted"))),
+            id="explore-race-with-error-event-and-refused-hedge",
+        ),
     ],
 )
 def test_round_trip(decision: Decision) -> None:
@@ -68,6 +82,7 @@ def test_round_trip(decision: Decision) -> None:
     assert parsed.attempt_names == [a.name for a in decision.attempts]
     assert parsed.attempt_outcomes() == [(a.name, a.outcome) for a in decision.attempts]
     assert parsed.first_reason == decision.first_reason
+    assert parsed.race == tuple((r.name, r.role) for r in decision.race)
 
 
 def test_parsed_helpers() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from proxy.observe import Finished
-from proxy.observe.ledger import Ledger, format_summary, measured_costs, summarise
-from proxy.routing.decision import Attempt, Decision, Excluded, Ranked
+from proxy.observe.ledger import SCHEMA, Ledger, format_summary, measured_costs, summarise
+from proxy.routing.decision import Attempt, Decision, Excluded, Racer, Ranked
 
 NOW = 1_700_000_000.0
 DAY = 86400.0
@@ -103,6 +103,7 @@ async def test_rows_after_finished_exchanges(tmp_path: Path) -> None:
         "prompt_tokens": 10,
         "completion_tokens": 20,
         "cost_usd": 0.0042,
+        "race": "",  # it did not race
     }
     assert second["served"] is None
     assert second["status"] == 503
@@ -239,3 +240,20 @@ async def test_measured_costs_counts_only_clean_calls(tmp_path: Path) -> None:
         }
     finally:
         conn.close()
+
+
+async def test_a_race_is_recorded_and_an_older_ledger_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    conn = sqlite3.connect(path)  # a ledger file from before races were recorded
+    conn.executescript(SCHEMA.replace(",\n    race TEXT NOT NULL DEFAULT ''", ""))
+    conn.close()
+    ledger = Ledger(str(path), retention_days=30, queue_size=100, clock=lambda: NOW)
+    await ledger.start()
+    raced = Decision(id="r1", route="chat", strategy="fastest", order=(Ranked("groq", "fastest 0.31s"),),
+                     attempts=(Attempt("groq", "lost", 0.5), Attempt("openai", "200", 0.2, ttfc=0.2)),
+                     served="openai", status=200, race=(Racer("groq", "leader"), Racer("openai", "hedge 0.40s")))
+    ledger.on_finished(finished(raced))
+    await ledger.close()
+    (row,) = rows(path)
+    assert row["race"] == "groq(leader), openai(hedge 0.40s)"
+    assert row["attempts"] == "groq(lost 0.50s), openai(200 0.20s)"

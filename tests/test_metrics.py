@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.config import Config, Provider, Route, Target
 from proxy.observe import Finished
 from proxy.observe.metrics import FIRST_CHUNK_BUCKETS, Metrics, names_from_config
-from proxy.routing.decision import Attempt, Decision, Excluded, Ranked
+from proxy.routing.decision import Attempt, Decision, Excluded, Racer, Ranked
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -247,3 +247,32 @@ def test_names_from_config() -> None:
     samples, _, _ = scrape(metrics)
     assert value(samples, "firstbyte_requests_total", route="other", served="groq/llama-3",
                  status="200") == 1
+
+
+def test_races_are_counted_hedges_wins_duplicates_and_refusals() -> None:
+    metrics = make()
+    hedged = Decision(
+        id="r1", route="chat", strategy="fastest", order=(Ranked("groq", "fastest 0.31s"), Ranked("openai", "0.82s")),
+        attempts=(Attempt("groq", "lost", 0.5), Attempt("openai", "200", 0.2, ttfc=0.2)), served="openai",
+        status=200, race=(Racer("groq", "leader"), Racer("openai", "hedge 0.40s")),
+    )
+    explored = Decision(
+        id="r2", route="chat", strategy="fastest", order=(Ranked("openai", "explore 0.82s"), Ranked("groq", "0.31s")),
+        attempts=(Attempt("openai", "measuring", 0.3), Attempt("groq", "200", 0.3, ttfc=0.3)), served="groq",
+        status=200, race=(Racer("openai", "explore"), Racer("groq", "leader")),
+    )
+    refused = Decision(
+        id="r3", route="chat", strategy="fastest", order=(Ranked("groq", "fastest 0.31s"),),
+        attempts=(Attempt("groq", "200", 0.9, ttfc=0.9),), served="groq", status=200,
+        race=(Racer("openai", "budget exhausted"),),
+    )
+    for d in (hedged, explored, refused):
+        metrics.on_finished(finished(d))
+    samples, _, _ = scrape(metrics)
+    assert value(samples, "firstbyte_hedges_total", route="chat") == 1
+    assert value(samples, "firstbyte_duplicate_calls_total", route="chat") == 2
+    assert value(samples, "firstbyte_races_won_total", target="openai") == 1
+    assert value(samples, "firstbyte_races_won_total", target="groq") == 1
+    assert value(samples, "firstbyte_hedge_budget_exhausted_total", route="chat") == 1
+    assert value(samples, "firstbyte_attempts_total", target="groq", outcome="lost") == 1
+    assert value(samples, "firstbyte_attempts_total", target="openai", outcome="measuring") == 1

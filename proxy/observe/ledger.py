@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS decisions (
     operation TEXT NOT NULL,
     prompt_tokens INTEGER,
     completion_tokens INTEGER,
-    cost_usd REAL
+    cost_usd REAL,
+    race TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS decisions_ts ON decisions (ts);
 CREATE INDEX IF NOT EXISTS decisions_route_ts ON decisions (route, ts);
@@ -61,9 +62,9 @@ CREATE INDEX IF NOT EXISTS decisions_route_ts ON decisions (route, ts);
 
 _COLUMNS = (
     "id, ts, route, strategy, \"order\", first_reason, excluded, attempts, served, status, "
-    "failovers, ttfc, total, stream, operation, prompt_tokens, completion_tokens, cost_usd"
+    "failovers, ttfc, total, stream, operation, prompt_tokens, completion_tokens, cost_usd, race"
 )
-_INSERT = f"INSERT INTO decisions ({_COLUMNS}) VALUES ({', '.join('?' * 18)})"
+_INSERT = f"INSERT INTO decisions ({_COLUMNS}) VALUES ({', '.join('?' * 19)})"
 
 BATCH_SIZE = 500
 PRUNE_EVERY_SECS = 60.0
@@ -97,6 +98,7 @@ def row_of(finished: Finished) -> Row | None:
         d.usage.get("prompt_tokens"),
         d.usage.get("completion_tokens"),
         d.cost_usd,
+        ", ".join(f"{r.name}({r.role})" for r in d.race),  # racers and why each ran; "" when none did
     )
 
 
@@ -189,6 +191,9 @@ class Ledger:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(decisions)")}
+        if "race" not in columns:  # a ledger written before races were recorded
+            conn.execute("ALTER TABLE decisions ADD COLUMN race TEXT NOT NULL DEFAULT ''")
         return conn
 
     def _run(self, ready: queue.Queue[BaseException | None]) -> None:

@@ -60,7 +60,12 @@ OUTCOME_WORDS = frozenset(
         "cooldown",
         "untranslatable",
         "oversized",
-        "error",
+        "error",  # an error event or body inside a 2xx, before the first token
+        "empty",  # a stream that ended before any content
+        "malformed",
+        "lost",  # a racer cancelled because another committed first
+        "measured",  # a racer that lost but ran on to its own first token
+        "measuring",
     }
 )
 MAX_PENDING = 10000  # first-chunk observations held between scrapes before they are applied anyway
@@ -138,10 +143,28 @@ class Metrics:
             registry=r,
         )
         self.ledger_dropped.set({}, 0)
+        self.hedges = Counter(
+            "firstbyte_hedges_total", "Second attempts started because the leader had no first token in time.",
+            registry=r,
+        )
+        self.races_won = Counter(
+            "firstbyte_races_won_total", "Races (two targets side by side) won, by the winning target.",
+            registry=r,
+        )
+        self.duplicates = Counter(
+            "firstbyte_duplicate_calls_total", "Upstream calls a route started beyond one per request by racing.",
+            registry=r,
+        )
+        self.budget_exhausted = Counter(
+            "firstbyte_hedge_budget_exhausted_total", "Hedges or exploring races the route's budget refused.",
+            registry=r,
+        )
+        self._races: list[tuple[str, str | None, tuple[tuple[str, str], ...]]] = []
         self._counts: dict[_Key, int] = {}
         self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
         self._counters = {c.name: c for c in (self.requests, self.decisions, self.failovers, self.attempts,
-                                              self.tokens, self.cost)}
+                                              self.tokens, self.cost, self.hedges, self.races_won,
+                                              self.duplicates, self.budget_exhausted)}
         self._observed: list[tuple[str, float]] = []
 
     @classmethod
@@ -201,9 +224,12 @@ class Metrics:
             key = (d.route, d.served, finished.status, d.first_reason, tried, d.failovers)
             if d.served and (d.usage or d.cost_usd is not None):
                 self._spent.append((d.route, d.served, d.usage, d.cost_usd))
+            if d.race:
+                self._races.append((d.route, d.served, tuple(d.race)))
         counts = self._counts
         counts[key] = counts.get(key, 0) + 1
-        if len(self._observed) >= MAX_PENDING or len(counts) >= MAX_PENDING or len(self._spent) >= MAX_PENDING:
+        if len(self._observed) >= MAX_PENDING or len(counts) >= MAX_PENDING or len(self._spent) >= MAX_PENDING \
+                or len(self._races) >= MAX_PENDING:
             self._apply()
 
     def _apply(self) -> None:
@@ -225,6 +251,19 @@ class Metrics:
             add(self.failovers, (("route", route),), failovers * n)
             for name, outcome in tried:
                 add(self.attempts, (("target", self._target(name)), ("outcome", self._outcome(outcome))), n)
+        races, self._races = self._races, []
+        for route_name, served_name, race in races:
+            route = (("route", self._route(route_name)),)
+            ran = [name for name, role in race if role != "budget exhausted"]
+            hedges = sum(role.startswith("hedge") for _, role in race)
+            if hedges:
+                add(self.hedges, route, hedges)
+            if len(ran) > 1:
+                add(self.duplicates, route, len(ran) - 1)
+                if served_name:
+                    add(self.races_won, (("target", self._target(served_name)),), 1)
+            if len(ran) < len(race):
+                add(self.budget_exhausted, route, len(race) - len(ran))
         spent, self._spent = self._spent, []
         for route_name, served_name, usage, cost in spent:
             served = self._target(served_name)
