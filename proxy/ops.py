@@ -16,8 +16,8 @@ from .errors import error_body
 from .gateway import Gateway
 from .observe.hub import Hub
 from .replies import GATEWAY, HUB, error_response, json_response
-from .routing.plan import Ask, plan
 from .routing.ordering import load_penalty
+from .routing.plan import Ask, plan
 from .routing.score import score_targets
 from .state.tracker import MODES, STREAMED
 

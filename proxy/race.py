@@ -1,78 +1,90 @@
 """The race for the first token (docs/adr/0008): targets of a ``hedge`` route side by side.
 
-A route without ``hedge`` is walked one target at a time (``Walker.walk``). With it, each
-target's attempts (its retries included) run in a task of their own, a *racer*, and this module
-coordinates them:
+A route without ``hedge`` is walked one target at a time (``Walker.walk``). With it, the walk
+is the same as long as nobody races: the leading target's attempts run in the request's own
+task. A race starts in two ways:
 
-- the leader starts; so does the next target when the plan explores or measures (``together``)
-  and the route's hedge budget pays for it;
-- when the leader has no first token by ``hedge.after``, the next target starts too (once per
-  request, budget permitting); the timer is one more call the deadline sweeper watches, so a
-  request that never hedges arms no timer of its own;
-- the first racer to commit (first token, or a client error returned as it is) wins; every
-  other racer is cancelled at once (its upstream call aborted, its connection closed, nothing
-  counted against it), except an explored or measured one, which runs on to its own first token
-  so its figure is measured, then lets go;
-- a racer that fails does not end the race: when none is left running, the walk goes on with
-  the rest of the order, as a plain walk would.
+- the plan explores or measures (``together``): the explored or unmeasured target runs in a
+  task of its own beside the leader, and runs on to its own first token even when the leader
+  wins, so its figure is measured, not guessed;
+- the leader has no first token by ``hedge.after``: the next target starts in a task of its
+  own (once per request). The timer is one more call the deadline sweeper watches, so a
+  request that never hedges arms no timer and starts no task.
+
+Each extra upstream call is paid from the route's hedge budget (``state/budget.py``). The first
+racer to commit (first token, or a client error returned as it is) wins. A losing hedge is
+cancelled at once (its upstream call aborted, its connection closed, nothing counted against
+it); a leader that loses is stopped the way its first-chunk deadline would stop it, by
+cancelling its await, and likewise is not blamed. A racer that fails does not end the race:
+when none is left running, the walk goes on with the rest of the order.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Mapping
 
 from .config import Hedge, Provider, Route, Target
 from .providers import Call
 from .routing.decision import Attempt, Racer
 from .routing.hedge import hedge_delay
 from .routing.plan import Plan
-from .state.budget import HedgeBudget
 from .state.tracker import BUFFERED, STREAMED
 from .walk import Walker, WalkResult
 
 __all__ = ["Race", "walk_route"]
 
 
-async def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call) -> WalkResult:
-    """Walk the planned order: one target at a time, or as a race on a route with ``hedge``."""
+def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call) -> Awaitable[WalkResult]:
+    """Walk the planned order: one target at a time, or as a race on a route with ``hedge``.
+    (Not a coroutine itself: the caller awaits the walk's, one frame fewer per request.)"""
     route = plan.route
     if route.hedge is None:
-        return await walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
+        return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
     race = Race(walker, route, route.hedge, plan.targets, call, providers, plan.rescued)
-    return await race.run(plan.together, plan.decision.first_reason)
+    return race.run(plan.together, plan.decision.first_reason)
 
 
 class _Racer:
+    """A target running in a task of its own beside the leader."""
+
     __slots__ = ("measuring", "result", "started", "target", "task")
 
-    def __init__(self, target: Target, started: float) -> None:
+    def __init__(self, target: Target, started: float, measuring: bool) -> None:
         self.target = target
         self.started = started
-        self.measuring = False  # explored or measured: runs on to its own first token if it loses
+        self.measuring = measuring  # explored or measured: runs on to its own first token if it loses
         self.result = WalkResult()
-        self.task: asyncio.Task[bool] | None = None
+        self.task: asyncio.Task[None] | None = None
 
 
 class _HedgeTimer:
     """Watched by the deadline sweeper like an attempt: it "expires" when the hedge is due."""
 
-    __slots__ = ("fired", "idle", "started", "total", "waiting_since")
+    __slots__ = ("idle", "race", "started", "total", "waiting_since")
 
-    def __init__(self, started: float, delay: float, fired: asyncio.Future[None]) -> None:
+    def __init__(self, started: float, delay: float, race: Race) -> None:
         self.started = started
         self.total = delay
         self.idle = delay
         self.waiting_since: float | None = None
-        self.fired = fired
+        self.race = race
 
     def expire(self, reason: str) -> None:
-        if not self.fired.done():
-            self.fired.set_result(None)
+        self.race.hedge_due()
 
 
 class Race:
+    # Class-level defaults: a request that never races sets only what __init__ does (this is
+    # built for every request of a hedged route).
+    leader: Target | None = None  # the target running inline now
+    leader_started = 0.0
+    winner: _Racer | None = None  # a racer that committed first
+    hedged = False  # one hedge per request: the budget's share is per request
+    timer: _HedgeTimer | None = None
+    interrupted = False  # a racer won while the leader ran inline: its await was cancelled
+    changed: asyncio.Future[None] | None = None  # a racer finished
+
     def __init__(self, walker: Walker, route: Route, hedge: Hedge, targets: tuple[Target, ...], call: Call,
                  providers: Mapping[str, Provider], rescued: str | None) -> None:
         self.walker = walker
@@ -82,127 +94,150 @@ class Race:
         self.call = call
         self.providers = providers
         self.rescued = rescued
+        self.budget = walker.state.budget(route.name, hedge.max_extra)
+        self.inline = self.last = WalkResult()  # the request task's attempts; the last failure's
+        self.inline_started = walker.clock()
         self.racers: list[_Racer] = []
         self.roles: list[Racer] = []
-        self.winner: _Racer | None = None  # the first racer to commit
-        self.hedged = False  # one hedge per request: the budget's share is per request
-        self.timer: _HedgeTimer | None = None
+        self.task = asyncio.current_task()
 
     async def run(self, together: int, first_reason: str) -> WalkResult:
-        budget = self.walker.state.budget(self.route.name, self.hedge.max_extra)
-        budget.deposit()
-        first = self._start()
-        if together > 1 and self.queue:
-            if budget.withdraw():
-                # The plan's first is the explored (or unmeasured) target: it is the racer to be
-                # measured, and the next in the order leads beside it.
-                first.measuring = True
-                self.roles.append(Racer(first.target.name, "explore" if first_reason == "explore" else "measure"))
-                self.roles.append(Racer(self._start().target.name, "leader"))
+        self.budget.deposit()
+        if together > 1 and len(self.queue) > 1:
+            if self.budget.withdraw():
+                # The plan's first is the explored (or unmeasured) target: it races in a task and
+                # is measured; the next in the order leads, inline.
+                explored = self._start(measuring=True)
+                self.roles.append(Racer(explored.target.name, "explore" if first_reason == "explore" else "measure"))
+                self.roles.append(Racer(self.queue[0].name, "leader"))
                 self.hedged = True
             else:
-                self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
+                self.roles.append(Racer(self.queue[1].name, "budget exhausted"))
         try:
-            return await self._coordinate(budget)
+            if self.queue and await self._lead(self.queue.pop(0)):
+                return self._finish(self.inline)
+            while self.winner is None:
+                if self._running():
+                    await self._wait()  # the leader failed while racers run: they are ahead of a failover
+                elif not self.queue:
+                    return self._finish(self.last)  # everyone failed: the last failure is the answer
+                elif await self._lead(self.queue.pop(0)):  # a plain failover: everyone before it failed
+                    return self._finish(self.inline)
+            return self._finish(self.winner.result, self.winner)
         finally:
             self._disarm()
             for racer in self.racers:
                 task = racer.task
-                if task is not None and not task.done() and not (racer.measuring and self.winner is not None):
+                if task is not None and not task.done() and not (racer.measuring and self._won()):
                     task.cancel()
 
-    async def _coordinate(self, budget: HedgeBudget) -> WalkResult:
-        while True:
-            running = [r for r in self.racers if r.task is not None and not r.task.done()]
-            if not running:
-                if not self.queue:
-                    return self._finish(None)
-                self._start()  # a plain failover: every racer before it failed
-                continue
-            if self.timer is None and not self.hedged and self.queue and len(running) == 1:
-                self._arm(running[0])
-            waits: set[asyncio.Future[Any]] = {r.task for r in running if r.task is not None}
-            if self.timer is not None:
-                waits.add(self.timer.fired)
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if self.timer is not None and self.timer.fired in done:
-                self._disarm()
-                self._hedge(budget, running[0])
-            for racer in running:
-                if racer.task in done and racer.task is not None and racer.task.result():
-                    return self._finish(racer)
+    async def _lead(self, target: Target) -> bool:
+        """Run ``target`` in the request's task; True when it committed first."""
+        self.leader, self.leader_started = target, self.walker.clock()
+        if not self.hedged and self.queue:
+            self._arm(target)
+        try:
+            over = await self.walker.try_target(self.inline, self.route, target, self.providers, self.call,
+                                                target.name == self.rescued)
+        except asyncio.CancelledError:
+            task = self.task
+            if not self.interrupted or task is None or task.uncancel():
+                raise  # the client left (or the loop is closing): every racer goes too
+            self.inline.attempts.append(Attempt(target.name, "lost", self.walker.clock() - self.leader_started))
+            return False
+        finally:
+            self.leader = None
+            self._disarm()
+        if not over:
+            self.last = self.inline
+        return over
 
-    def _hedge(self, budget: HedgeBudget, leader: _Racer) -> None:
+    def hedge_due(self) -> None:
         """The leader has no first token by ``after``: the next target races it, if paid for."""
-        self.hedged = True
-        if not self.queue:
+        self.timer = None
+        if self.hedged or self.leader is None or self.winner is not None or not self.queue:
             return
-        if not budget.withdraw():
+        self.hedged = True
+        if not self.budget.withdraw():
             self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
             return
         if not self.roles:
-            self.roles.append(Racer(leader.target.name, "leader"))
-        after = self.walker.clock() - leader.started
-        self.roles.append(Racer(self._start().target.name, f"hedge {after:.2f}s"))
+            self.roles.append(Racer(self.leader.name, "leader"))
+        after = self.walker.clock() - self.leader_started
+        self.roles.append(Racer(self._start(measuring=False).target.name, f"hedge {after:.2f}s"))
 
-    def _start(self) -> _Racer:
-        racer = _Racer(self.queue.pop(0), self.walker.clock())
+    def _start(self, measuring: bool) -> _Racer:
+        racer = _Racer(self.queue.pop(0), self.walker.clock(), measuring)
         self.racers.append(racer)
         racer.task = asyncio.get_running_loop().create_task(self._run(racer))
         return racer
 
-    async def _run(self, racer: _Racer) -> bool:
-        """One racer: its target's attempts; True when it answered (or returned a client error)
-        and was first to. A later answer is let go at once: it was measured, not served."""
-        over = await self.walker.try_target(racer.result, self.route, racer.target, self.providers,
-                                            self.call, racer.target.name == self.rescued)
-        if not over:
-            return False
-        if self.winner is None:  # no await since the commit: the first to get here won
-            self.winner = racer
-            return True
-        lease = racer.result.lease
-        if lease is not None:
-            lease.finish()
-            racer.result.lease = None
-        racer.result.served = None
-        attempts = racer.result.attempts
-        if attempts:
-            last = attempts[-1]
-            attempts[-1] = Attempt(last.name, "measured", last.seconds)
-        return False
+    async def _run(self, racer: _Racer) -> None:
+        """One racer: its target's attempts. The first to commit wins (and stops the leader); a
+        later answer is let go at once: it was measured, not served."""
+        try:
+            over = await self.walker.try_target(racer.result, self.route, racer.target, self.providers,
+                                                self.call, racer.target.name == self.rescued)
+            if not over:
+                self.last = racer.result
+                return
+            if not self._won():  # no await since the commit: the first to get here won
+                self.winner = racer
+                if self.leader is not None and self.task is not None:
+                    self.interrupted = True
+                    self.task.cancel()  # lands in the leader's await, as its deadline would
+                return
+            lease = racer.result.lease
+            if lease is not None:
+                lease.finish()
+                racer.result.lease = None
+            racer.result.served = None
+            last = racer.result.attempts[-1]
+            racer.result.attempts[-1] = Attempt(last.name, "measured", last.seconds)
+        finally:
+            if self.changed is not None and not self.changed.done():
+                self.changed.set_result(None)
 
-    def _arm(self, leader: _Racer) -> None:
+    def _won(self) -> bool:
+        return self.winner is not None or self.inline.served is not None
+
+    def _running(self) -> bool:
+        return any(r.task is not None and not r.task.done() for r in self.racers)
+
+    async def _wait(self) -> None:
+        self.changed = asyncio.get_running_loop().create_future()
+        await self.changed
+
+    def _arm(self, leader: Target) -> None:
         mode = STREAMED if self.call.stream else BUFFERED
-        delay = hedge_delay(self.hedge, self.walker.state.tracker.recent(leader.target.key, mode))
-        if delay is None:
-            return
-        fired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.timer = _HedgeTimer(leader.started, delay, fired)
-        self.walker.deadlines.watch(self.timer)
+        delay = hedge_delay(self.hedge, self.walker.state.tracker.recent(leader.key, mode))
+        if delay is not None:
+            self.timer = _HedgeTimer(self.leader_started, delay, self)
+            self.walker.deadlines.watch(self.timer)
 
     def _disarm(self) -> None:
         if self.timer is not None:
             self.walker.deadlines.forget(self.timer)
             self.timer = None
 
-    def _finish(self, winner: _Racer | None) -> WalkResult:
-        """The winner's result (or, when all failed, the last failure's) with every racer's
-        attempts in the order they started; a racer cut short shows ``lost``, one still being
+    def _finish(self, result: WalkResult, winner: _Racer | None = None) -> WalkResult:
+        """``result`` (the winner's, the inline leader's, or the last failure's) with every attempt
+        in the order the targets started; a racer cut short shows ``lost``, one still being
         measured ``measuring``, with its seconds so far."""
+        if not self.racers:  # nobody raced: the plain walk's result
+            result.race = tuple(self.roles)
+            return result
         now = self.walker.clock()
-        last = winner or self.racers[-1]
-        attempts: list[Attempt] = []
+        parts = [(self.inline_started, self.inline.attempts)] if self.inline.attempts else []
         for racer in self.racers:
-            attempts += racer.result.attempts
+            attempts = list(racer.result.attempts)
             task = racer.task
             if racer is not winner and task is not None and not task.done():
-                word = "measuring" if racer.measuring and winner is not None else "lost"
-                attempts.append(Attempt(racer.target.name, word, now - racer.started))
-                if not (racer.measuring and winner is not None):
-                    continue
-                self.walker.keep(task)
-        result = last.result
-        result.attempts = attempts
+                keep = racer.measuring and (winner is not None or self.inline.served is not None)
+                attempts.append(Attempt(racer.target.name, "measuring" if keep else "lost", now - racer.started))
+                if keep:
+                    self.walker.keep(task)
+            parts.append((racer.started, attempts))
+        result.attempts = [a for _, attempts in sorted(parts, key=lambda p: p[0]) for a in attempts]
         result.race = tuple(self.roles)
         return result

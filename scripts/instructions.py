@@ -10,7 +10,7 @@ streamed. Repeat runs agree to about 1-2 %. Use it to see what a change to the
 hot path costs; ``scripts/bench`` remains the measure of latency and
 throughput. Needs valgrind (Debian package ``valgrind``).
 
-    scripts/instructions [--calls 300] [--other NAME=DIR ...]
+    scripts/instructions [--calls 300] [--other NAME=DIR ...] [--unhedged NAME ...]
 
 ``--other`` adds a firstbyte whose ``proxy`` package is in DIR (put first on
 PYTHONPATH), to compare two versions of the code in one run.
@@ -70,6 +70,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=300, help="calls counted per measurement")
     p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
                    help="another firstbyte whose proxy package is in DIR")
+    p.add_argument("--unhedged", nargs="*", default=[], metavar="NAME",
+                   help="versions whose routes leave out hedge (code from before it knows no such key); "
+                        "'firstbyte-unhedged' adds this code without it")
     args = p.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("scripts/instructions needs valgrind (apt-get install valgrind)", file=sys.stderr)
@@ -82,7 +85,9 @@ def main() -> int:
         sim = bench.free_port()
         bench.simulate(procs, "sim", sim, 2.0, 0, 8)
         gen = bench.Loadgen()
-        versions = {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}
+        versions: dict[str, str | None] = {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}
+        if "firstbyte-unhedged" in args.unhedged:
+            versions["firstbyte-unhedged"] = None
         for stream in (False, True):
             kind = "streamed" if stream else "buffered"
             port = bench.free_port()
@@ -93,7 +98,11 @@ def main() -> int:
             for name, path in versions.items():
                 port = bench.free_port()
                 config_path = tmp / f"{name}.json"  # JSON is YAML
-                config_path.write_text(json.dumps(bench.firstbyte_config(port, sim)))
+                config = bench.firstbyte_config(port, sim)
+                if name in args.unhedged:
+                    for route in config["routes"].values():
+                        route.pop("hedge")
+                config_path.write_text(json.dumps(config))
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
                 rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls)

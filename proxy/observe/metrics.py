@@ -253,17 +253,17 @@ class Metrics:
                 add(self.attempts, (("target", self._target(name)), ("outcome", self._outcome(outcome))), n)
         races, self._races = self._races, []
         for route_name, served_name, race in races:
-            route = (("route", self._route(route_name)),)
+            by_route = (("route", self._route(route_name)),)
             ran = [name for name, role in race if role != "budget exhausted"]
             hedges = sum(role.startswith("hedge") for _, role in race)
             if hedges:
-                add(self.hedges, route, hedges)
+                add(self.hedges, by_route, hedges)
             if len(ran) > 1:
-                add(self.duplicates, route, len(ran) - 1)
+                add(self.duplicates, by_route, len(ran) - 1)
                 if served_name:
                     add(self.races_won, (("target", self._target(served_name)),), 1)
             if len(ran) < len(race):
-                add(self.budget_exhausted, route, len(race) - len(ran))
+                add(self.budget_exhausted, by_route, len(race) - len(ran))
         spent, self._spent = self._spent, []
         for route_name, served_name, usage, cost in spent:
             served = self._target(served_name)
