@@ -57,7 +57,8 @@ class Service:
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.runners: list[web.AppRunner] = []
-        self._reloading: asyncio.Task[bool] | None = None
+        self._reloading: asyncio.Task[None] | None = None
+        self._again = False  # a SIGHUP came while a reload ran
         self._lock = asyncio.Lock()
 
     async def reload(self) -> bool:
@@ -74,17 +75,27 @@ class Service:
                 for key in ("listen", "ops_listen", "shutdown_grace"):
                     if getattr(config, key) != getattr(old, key):
                         log.warning("%s changed: takes effect on restart", key)
-                await self.hub.reconfigure(config)
                 self.gateway.apply(config)
-                self.gateway.observers = self.hub.observers
+                await self.hub.reconfigure(config, self.gateway)
                 log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
                 return True
             finally:
                 self.notifier.ready()
 
     def _on_sighup(self) -> None:
+        """A SIGHUP during a reload is not dropped: one more reload runs after it (the file may
+        have changed again since the running one read it); more signals meanwhile fold into it."""
         if self._reloading is None or self._reloading.done():
-            self._reloading = asyncio.get_running_loop().create_task(self.reload())
+            self._reloading = asyncio.get_running_loop().create_task(self._reload_until_quiet())
+        else:
+            self._again = True
+
+    async def _reload_until_quiet(self) -> None:
+        while True:
+            self._again = False
+            await self.reload()
+            if not self._again:
+                return
 
     async def _start_site(self, app: web.Application, listen: str) -> None:
         runner = web.AppRunner(

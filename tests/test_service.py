@@ -172,6 +172,63 @@ async def test_reload_under_traffic_loses_no_request(service: Running, tmp_path:
     assert "providers: required" in stderr
 
 
+async def test_a_reload_that_moves_the_log_and_ledger_loses_no_line_or_row(service: Running, tmp_path: Path) -> None:
+    """4 clients stream while a reload moves both the access log and the ledger: every exchange
+    is a line in one of the two logs and a row in one of the two ledgers (the hub used to close
+    the old ones before the gateway's observers were swapped, and exchanges in between were lost)."""
+    done = 0
+    stop = asyncio.Event()
+
+    async def traffic(session: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while not stop.is_set():
+            status, _ = await chat(session, service, stream=True)
+            assert status == 200
+            done += 1
+
+    moved = base_config(*service.ports, tmp_path)
+    moved["access_log"]["path"] = str(tmp_path / "access-2.log")
+    moved["ledger"]["path"] = str(tmp_path / "ledger-2.db")
+    async with aiohttp.ClientSession() as session:
+        workers = [asyncio.create_task(traffic(session)) for _ in range(4)]
+        await asyncio.sleep(0.3)
+        service.config.write_text(yaml.safe_dump(moved))
+        service.proc.send_signal(signal.SIGHUP)
+        await service.wait_for("RELOADING=1")
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.gather(*workers)
+    service.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(service.proc.wait(), 15) == 0
+    lines = [json.loads(line) for name in ("access.log", "access-2.log")
+             for line in (tmp_path / name).read_text().splitlines()]
+    routed = [line for line in lines if line["path"] == "/v1/chat/completions"]
+    rows = 0
+    for name in ("ledger.db", "ledger-2.db"):
+        with sqlite3.connect(tmp_path / name) as db:
+            rows += db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0]
+    assert done > 20
+    assert (len(routed), rows) == (done, done)
+    assert (tmp_path / "access-2.log").read_text()  # the reload did move them
+    with sqlite3.connect(tmp_path / "ledger-2.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0] > 0
+
+
+async def test_a_sighup_during_a_reload_runs_after_it(service: Running, tmp_path: Path) -> None:
+    moved = base_config(*service.ports, tmp_path)
+    moved["ledger"]["path"] = str(tmp_path / "ledger-2.db")  # a reload that opens a ledger takes a moment
+    service.config.write_text(yaml.safe_dump(moved))
+    service.proc.send_signal(signal.SIGHUP)
+    await asyncio.sleep(0.005)  # two signals at once would merge in the kernel; this one comes mid-reload
+    service.proc.send_signal(signal.SIGHUP)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    stderr = tmp_path / "stderr.log"
+    while stderr.read_text().count("reloaded ") < 2:
+        assert loop.time() < deadline, f"the second SIGHUP was dropped:\n{stderr.read_text()[-2000:]}"
+        await asyncio.sleep(0.05)
+
+
 async def test_sigterm_drains_a_slow_stream_then_exits_zero(service: Running, tmp_path: Path) -> None:
     body = {"model": "slow", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as s:

@@ -43,20 +43,26 @@ class Hub:
         if self.ledger is not None:
             await self.ledger.start()
 
-    async def reconfigure(self, config: Config) -> None:
-        """Adopt a reloaded config: new names for metrics, new log or ledger if they moved."""
+    async def reconfigure(self, config: Config, gateway: Gateway) -> None:
+        """Adopt a reloaded config: new names for metrics, new log or ledger if they moved.
+
+        The hub alone sets ``gateway.observers``. New observers are opened first; then, in one
+        step with no await, what finished so far goes to the old ones and the gateway's list is
+        swapped; only then are the old ones closed. So an exchange that finishes while a log or
+        ledger moves lands in one of them, never in a closed one."""
         old = self.config
         self.config = config
         self.metrics.reconfigure(*names_from_config(config))
+        retired: list[Observer] = []
         if config.access_log != old.access_log:
-            previous, self.access_log = self.access_log, AccessLog(config.access_log)
-            await previous.close()
+            retired.append(self.access_log)
+            self.access_log = AccessLog(config.access_log)
         else:
             self.access_log.reopen()  # after logrotate, SIGHUP reopens the file
         if config.ledger != old.ledger:
-            previous_ledger, self.ledger = self.ledger, None
-            if previous_ledger is not None:
-                await previous_ledger.close()
+            if self.ledger is not None:
+                retired.append(self.ledger)
+            self.ledger = None
             if config.ledger.path:
                 ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
                 try:
@@ -65,6 +71,13 @@ class Hub:
                     log.error("ledger %s cannot open, decisions are not stored: %s", config.ledger.path, exc)
                 else:
                     self.ledger = ledger
+        gateway.notify_observers()  # queued exchanges go to the observers of their time
+        gateway.observers = self.observers
+        for observer in retired:
+            try:
+                await observer.close()
+            except Exception:
+                log.exception("observer %s failed to close", type(observer).__name__)
 
     def scrape(self, gateway: Gateway) -> tuple[bytes, str]:
         """Render /metrics after copying the live state gauges in."""
