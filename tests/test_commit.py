@@ -51,6 +51,17 @@ async def two_targets(upstreams, proxy, a_handler, b_handler=None, strategy="ord
     return a, b, await proxy(config)
 
 
+async def sdk_stream(p: Any) -> tuple[Any, list[str]]:
+    """A streamed chat through the openai SDK: the raw response (for headers) and its words."""
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
+        words = [c.choices[0].delta.content async for c in raw.parse() if c.choices and c.choices[0].delta.content]
+    finally:
+        await client.close()
+    return raw, words
+
+
 def texts(body: bytes) -> list[Any]:
     out = []
     for block in body.split(b"\n\n"):
@@ -62,12 +73,7 @@ def texts(body: bytes) -> list[Any]:
 async def test_a_200_whose_first_event_is_an_error_fails_over_and_the_client_sees_only_the_answer(
         upstreams, proxy):
     a, b, p = await two_targets(upstreams, proxy, streamed(ROLE, OVERLOAD_ENVELOPE))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
-        words = [c.choices[0].delta.content async for c in raw.parse() if c.choices and c.choices[0].delta.content]
-    finally:
-        await client.close()
+    raw, words = await sdk_stream(p)
     assert "".join(words) == "from-b0from-b1from-b2"
     d = decision_of(dict(raw.headers))
     assert d.attempt_outcomes() == [("a", "error event overloaded"), ("b", "200")]
@@ -96,12 +102,7 @@ async def test_a_target_that_fails_fast_with_error_events_never_leads_fastest(up
 async def test_anthropic_error_after_message_start_fails_over_for_openai_clients(upstreams, proxy):
     events = [*text_events(["never"])[:1], OVERLOADED]  # message_start, then event: error
     a, b, p = await two_targets(upstreams, proxy, messages_handler(events=events), path="/v1/messages")
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
-        words = [c.choices[0].delta.content async for c in raw.parse() if c.choices and c.choices[0].delta.content]
-    finally:
-        await client.close()
+    raw, words = await sdk_stream(p)
     assert "".join(words) == "from-b0from-b1from-b2"
     assert decision_of(dict(raw.headers)).attempt_outcomes() == [("a", "error event overloaded_error"),
                                                                  ("b", "200")]
