@@ -67,10 +67,9 @@ class Gateway:
             rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
         self.state.configure(config)
         limits = [t for p in config.providers.values() for t in (p.timeouts.idle, p.timeouts.first_chunk)]
-        for route in config.routes.values():
-            if route.hedge is not None:  # a percentile hedge is due after some tenths of a second
-                limits.append(route.hedge.after_secs or HEDGE_TICK_BASIS)
-        self.deadlines.tune(limits)
+        hedges = [route.hedge.after_secs or HEDGE_TICK_BASIS  # a percentile: some tenths of a second
+                  for route in config.routes.values() if route.hedge is not None]
+        self.deadlines.tune(limits, hedges)
         self.sized_routes = frozenset(
             name
             for name, route in config.routes.items()

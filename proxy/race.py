@@ -213,11 +213,11 @@ class Race:
         delay = hedge_delay(self.hedge, self.walker.state.tracker.recent(leader.key, mode))
         if delay is not None:
             self.timer = _HedgeTimer(self.leader_started, delay, self)
-            self.walker.deadlines.watch(self.timer)
+            self.walker.deadlines.watch_timer(self.timer)
 
     def _disarm(self) -> None:
         if self.timer is not None:
-            self.walker.deadlines.forget(self.timer)
+            self.walker.deadlines.forget_timer(self.timer)
             self.timer = None
 
     def _finish(self, result: WalkResult, winner: _Racer | None = None) -> WalkResult:

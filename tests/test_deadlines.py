@@ -83,3 +83,29 @@ async def test_a_stream_that_stalls_after_commit_ends_with_an_idle_timeout_event
     assert "idle timeout" in error["message"]
     assert p.gateway.state.target(("up", "m")).breaker.failures == 1
     assert p.gateway.deadlines.calls == set()
+
+
+@pytest.mark.parametrize(
+    ("limits", "timers", "interval", "fine"),
+    [
+        pytest.param([30.0, 60.0], [], 1.0, 1.0, id="no-hedge-one-look-a-second"),
+        pytest.param([30.0, 60.0], [0.3], 1.0, 0.03, id="a-percentile-hedge-wakes-finer"),
+        pytest.param([0.5], [0.05], 0.05, 0.01, id="fine-never-under-ten-ms"),
+        pytest.param([0.5], [5.0], 0.05, 0.05, id="fine-never-coarser-than-interval"),
+    ],
+)
+def test_tune(limits: list[float], timers: list[float], interval: float, fine: float) -> None:
+    deadlines = Deadlines(lambda: 0.0)
+    deadlines.tune(limits, timers)
+    assert (deadlines.interval, deadlines.fine) == pytest.approx((interval, fine))
+
+
+def test_hedge_timers_fire_apart_from_the_calls() -> None:
+    now = [100.0]
+    deadlines = Deadlines(lambda: now[0])
+    call, timer = Call(100.0, 100.0, idle=5.0), Call(100.0, None, idle=0.2, total=0.2)
+    deadlines.watch(call)
+    deadlines.watch_timer(timer)
+    now[0] = 100.3
+    assert deadlines.fire_due() == 1 and timer.expired == "total timeout"
+    assert call.expired is None and deadlines.timers == set() and deadlines.calls == {call}
