@@ -244,6 +244,7 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
         ("POST", "/v1/completions", handler(gw, "completions")),
         ("POST", "/v1/embeddings", handler(gw, "embeddings")),
         ("POST", "/v1/messages", messages(gw)),
+        ("POST", "/v1/responses", handler(gw, "responses")),
         ("GET", "/v1/models", models),
         ("GET", "/v1/health", health),
     ]

@@ -174,7 +174,7 @@ class Walker:
         result = WalkResult()
         for target in targets:
             provider = providers[target.provider]
-            adapter = adapter_for(provider.kind, call.op)
+            adapter = adapter_for(provider.kind, call.op, provider.responses)
             try:
                 request = adapter.build(provider, target, call)
             except TranslationError as exc:
