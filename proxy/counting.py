@@ -45,7 +45,7 @@ def _size(value: Any) -> int:
     if isinstance(value, list):
         return sum(_size(v) for v in value)
     if isinstance(value, dict):
-        return sum(_size(v) for k, v in value.items() if k not in ("type", "id", "tool_use_id", "cache_control"))
+        return sum(_size(v) for k, v in value.items() if k not in ("type", "role", "id", "tool_use_id", "cache_control"))
     return 0
 
 
