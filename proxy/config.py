@@ -596,6 +596,16 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
     return config
 
 
+def _yaml_problem(source: str, exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as ``FILE:LINE:COLUMN: what`` (PyYAML's own text names
+    ``<unicode string>`` instead of the file, and spreads over several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
     """Read and validate a routes file."""
     source = str(path)
@@ -606,5 +616,5 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"(file): not valid YAML: {exc}"]) from exc
+        raise ConfigError(source, [_yaml_problem(source, exc)]) from exc
     return parse_config(raw, env, source)

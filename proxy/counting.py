@@ -36,6 +36,7 @@ __all__ = ["count_tokens", "estimate_input_tokens"]
 log = logging.getLogger("firstbyte")
 
 MAX_ANSWER = 64 * 1024
+_NOT_TEXT = frozenset({"type", "role", "id", "tool_use_id", "cache_control"})  # keys, not content
 
 
 def _size(value: Any) -> int:
@@ -45,7 +46,7 @@ def _size(value: Any) -> int:
     if isinstance(value, list):
         return sum(_size(v) for v in value)
     if isinstance(value, dict):
-        return sum(_size(v) for k, v in value.items() if k not in ("type", "role", "id", "tool_use_id", "cache_control"))
+        return sum(_size(v) for k, v in value.items() if k not in _NOT_TEXT)
     return 0
 
 
