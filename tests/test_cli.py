@@ -58,7 +58,8 @@ def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
         held.listen()
         port = held.getsockname()[1]
         config = tmp_path / "routes.yaml"
-        config.write_text("providers: {sim: {kind: simulated}}\nroutes: {chat: {targets: [{provider: sim, model: s}]}}\n")
+        config.write_text("providers: {sim: {kind: simulated}}\n"
+                          "routes: {chat: {targets: [{provider: sim, model: s}]}}\n")
         run = firstbyte("--log-level", "error", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}")
     line = one_line_error(run)
     assert line == (f"firstbyte serve: cannot listen on 127.0.0.1:{port}: the address is already in use "

@@ -148,7 +148,8 @@ async def test_every_answer_has_an_access_log_line_with_id_bytes_and_error(proxy
     key = {"authorization": "Bearer good"}
     answers = [
         await p.post("/v1/chat/completions", {"model": "chat", "messages": []}, headers={"x-request-id": "bad-key"}),
-        await p.post("/v1/chat/completions", {"model": "nope", "messages": []}, headers={**key, "x-request-id": "r404"}),
+        await p.post("/v1/chat/completions", {"model": "nope", "messages": []},
+                     headers={**key, "x-request-id": "r404"}),
         await p.post("/v1/images/generations", {}, headers={**key, "x-request-id": "img"}),
         await p.post("/nowhere", {}, headers={"x-request-id": "nowhere"}),
         await p.post("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "hi"}]},

@@ -318,3 +318,32 @@ async def test_an_upstream_400_comes_back_as_it_is(upstreams, proxy, sdk):
     with pytest.raises(openai.BadRequestError) as info:
         await sdk(p.url).responses.create(model="chat", input="hi", temperature=5)
     assert "temperature is out of range" in info.value.message
+
+
+async def test_json_output_to_anthropic_is_untranslatable_not_silently_dropped(upstreams, proxy, sdk):
+    up = await upstreams({"/v1/messages": messages_handler("Hello!")})
+    p = await proxy(route_config([{"provider": "claude", "model": "claude-x"}],
+                                 {"claude": anthropic_provider(up.url)}))
+    with pytest.raises(openai.BadRequestError) as info:
+        await sdk(p.url).responses.create(model="chat", input="hi", text={"format": {"type": "json_object"}})
+    assert info.value.code == "untranslatable" and "text.format" in info.value.message
+    assert up.calls == []
+
+
+async def test_a_passthrough_stream_cut_ends_with_an_error_event_numbered_on(raw_upstreams, proxy, sdk):
+    async def cut(reader: Any, writer: Any) -> None:
+        created = {"type": "response.created", "sequence_number": 0, "response": {
+            "id": "resp_up", "object": "response", "created_at": 1, "status": "in_progress", "model": "gpt-5",
+            "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
+            "incomplete_details": None, "instructions": None, "metadata": {}, "temperature": 1, "top_p": 1}}
+        body = b"event: response.created\ndata: " + orjson.dumps(created) + b"\n\n"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 100000\r\n\r\n" + body)
+        await writer.drain()
+
+    up = await raw_upstreams(cut)
+    p = await proxy(route_config([{"provider": "oai", "model": "gpt-5"}],
+                                 {"oai": openai_provider(up.url, responses=True)}))
+    stream = await sdk(p.url).responses.create(model="chat", input="hi", stream=True)
+    events = [event async for event in stream]
+    assert [(e.type, e.sequence_number) for e in events] == [("response.created", 0), ("error", 1)]
+    assert "failed after it started" in events[-1].message

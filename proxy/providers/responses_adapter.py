@@ -20,6 +20,7 @@ import orjson
 
 from ..config import Provider, Target
 from ..errors import StreamError
+from .anthropic_wire import TranslationError
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 from .openai import OpenAIAdapter
 from .responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, responses_to_chat
@@ -128,11 +129,16 @@ class _Chained:
 class TranslatedResponses:
     """``/v1/responses`` to a target that speaks only chat completions (of any kind)."""
 
-    def __init__(self, inner: Adapter, *, reasoning: bool = True) -> None:
+    def __init__(self, inner: Adapter, *, reasoning: bool = True, json_format: bool = True) -> None:
         self.inner = inner
         self.reasoning = reasoning  # the kind takes reasoning_effort (OpenAI-compatible ones do)
+        self.json_format = json_format  # the kind's chat API honours response_format
 
     def _chat(self, call: Call, model: str) -> Call:
+        if not self.json_format and ((call.body.get("text") or {}).get("format") or {}).get("type") in (
+                "json_schema", "json_object"):
+            raise TranslationError("text.format JSON output has no equivalent in this target's API; "
+                                   "route it to an OpenAI-compatible target")
         chat = responses_to_chat(call.body, model, reasoning=self.reasoning)
         return replace(call, op="chat", body=chat, wants_usage=True)
 
