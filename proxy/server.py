@@ -169,30 +169,25 @@ def guarded(gw: Gateway, inner: Handler, *, anthropic: bool = False, logs: bool 
             refused = _key_refused(anthropic, request_id(request))
             log_answer(gw, request, refused, t0)
             return refused
-        if not logs:
-            return await _guard(request, inner)
-        t0 = gw.clock()
-        response = await _guard(request, inner)
-        log_answer(gw, request, response, t0)
+        t0 = gw.clock() if logs else 0.0
+        try:  # inline, not a helper coroutine: this wraps every routed call
+            response = await inner(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            response = _refusal(request, exc.status, exc.reason, exc.headers.get("Allow"))
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            body = error_body("firstbyte failed to handle this request; the error is in its log.",
+                              "server_error", code="internal_error")
+            response = web.Response(body=body, status=500, content_type=JSON,
+                                    headers={"x-request-id": request_id(request)})
+        if logs:
+            log_answer(gw, request, response, t0)
         return response
 
     handle.__name__ = f"guarded_{getattr(inner, '__name__', 'handler')}"
     return handle
-
-
-async def _guard(request: web.Request, inner: Handler) -> web.StreamResponse:
-    try:
-        return await inner(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _refusal(request, exc.status, exc.reason, exc.headers.get("Allow"))
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        body = error_body("firstbyte failed to handle this request; the error is in its log.",
-                          "server_error", code="internal_error")
-        return web.Response(body=body, status=500, content_type=JSON,
-                            headers={"x-request-id": request_id(request)})
 
 
 def log_answer(gw: Gateway, request: web.Request, response: web.StreamResponse, t0: float) -> None:
