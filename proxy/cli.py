@@ -1,9 +1,17 @@
-"""The ``firstbyte`` command: serve, check, explain, simulate, decisions."""
+"""The ``firstbyte`` command: serve, check, explain, simulate, decisions.
+
+A mistake on the command line or in the environment (a busy port, a missing
+ledger, a bad ``--since``) ends the command with one line on stderr, not a
+traceback: :class:`CliError` carries that line to :func:`main`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
+import sqlite3
 import sys
 import urllib.error
 import urllib.request
@@ -12,9 +20,24 @@ from typing import Any
 
 import orjson
 
+from . import __version__
 from .config import Config, load_config
 from .errors import ConfigError
 from .routing.eligibility import hard_reason
+
+
+class CliError(Exception):
+    """A command that cannot go on: its message is the one line the user sees."""
+
+
+def _cannot_listen(command: str, listen: str, exc: OSError) -> CliError:
+    if exc.errno == errno.EADDRINUSE or "address already in use" in str(exc).lower():
+        return CliError(f"firstbyte {command}: cannot listen on {listen}: the address is already in use "
+                        "(another firstbyte? pick another with --listen/--port)")
+    if exc.errno == errno.EACCES:
+        return CliError(f"firstbyte {command}: cannot listen on {listen}: permission denied "
+                        "(ports below 1024 need privileges)")
+    return CliError(f"firstbyte {command}: cannot start: {exc.strerror or exc}")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -68,7 +91,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async def main() -> int:
         return await Service(args.config, config, args.listen).serve()
 
-    return run(main)
+    try:
+        return run(main)
+    except OSError as exc:
+        raise _cannot_listen("serve", args.listen or config.listen, exc) from None
 
 
 def _mode_cells(figures: dict[str, Any]) -> list[str]:
@@ -113,7 +139,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .service import run
     from .simserver import serve_simulator
 
-    return run(lambda: serve_simulator(args))  # uvloop, like serve: benchmarks share its cost
+    try:
+        return run(lambda: serve_simulator(args))  # uvloop, like serve: benchmarks share its cost
+    except OSError as exc:
+        raise _cannot_listen("simulate", f"{args.host}:{args.port}", exc) from None
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
@@ -122,62 +151,88 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     since = _duration(args.since) if args.since else None
     import time
 
-    print(format_summary(summarise(args.ledger, args.route, since, time.time())))
+    if not os.path.exists(args.ledger):
+        raise CliError(f"firstbyte decisions: no ledger at {args.ledger} (pass --ledger PATH: the "
+                       "file routes.yaml names in ledger.path)")
+    try:
+        summary = summarise(args.ledger, args.route, since, time.time())
+    except sqlite3.Error as exc:
+        raise CliError(f"firstbyte decisions: cannot read {args.ledger}: {exc}") from None
+    print(format_summary(summary))
     return 0
 
 
 def _duration(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1:] in units:
-        return float(text[:-1]) * units[text[-1]]
-    return float(text)
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
+    except ValueError:
+        raise CliError(f"firstbyte decisions: --since {text!r} is not a duration "
+                       "(seconds, or a number with s, m, h or d: 90, 30m, 1h, 2d)") from None
+    if value < 0:
+        raise CliError(f"firstbyte decisions: --since {text!r} is negative")
+    return value
 
 
 def add_sim_knobs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--first-chunk-ms", type=float, default=120.0)
-    p.add_argument("--jitter-ms", type=float, default=30.0)
-    p.add_argument("--chunk-ms", type=float, default=10.0)
-    p.add_argument("--chunks", type=int, default=16)
-    p.add_argument("--fail-rate", type=float, default=0.0)
-    p.add_argument("--fail-status", type=int, default=503)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--first-chunk-ms", type=float, default=120.0, help="mean time to the first chunk")
+    p.add_argument("--jitter-ms", type=float, default=30.0, help="uniform +/- jitter on the first chunk")
+    p.add_argument("--chunk-ms", type=float, default=10.0, help="time between chunks of a stream")
+    p.add_argument("--chunks", type=int, default=16, help="tokens (chunks) per answer")
+    p.add_argument("--fail-rate", type=float, default=0.0, help="share of calls answered with --fail-status")
+    p.add_argument("--fail-status", type=int, default=503, help="HTTP status of a simulated failure")
+    p.add_argument("--seed", type=int, default=None, help="random seed for jitter and failures")
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default in its help; descriptions keep their line breaks."""
+
+
+def _command(sub: Any, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=summary, description=f"{summary}.\n\n{description}", formatter_class=_Help)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="firstbyte", description=__doc__)
-    p.add_argument("--log-level", default="info")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="firstbyte", description=__doc__, formatter_class=_Help)
+    p.add_argument("--version", action="version", version=f"firstbyte {__version__}")
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("serve", help="run the gateway")
-    s.add_argument("--config", default="routes.yaml")
-    s.add_argument("--listen", default=None, help="HOST:PORT, overrides the file's listen")
+    s = _command(sub, "serve", "run the gateway",
+                 "Serves the routes of the file on its listen address (SIGHUP reloads the file, SIGTERM drains).")
+    s.add_argument("--config", default="routes.yaml", help="the routes file")
+    s.add_argument("--listen", default=None, help="HOST:PORT; overrides the file's listen")
     s.set_defaults(fn=cmd_serve)
 
-    c = sub.add_parser("check", help="validate a routes file and print the plan")
-    c.add_argument("--config", default="routes.yaml")
+    c = _command(sub, "check", "validate a routes file and print the plan",
+                 "Lists every problem with its path, or each route's targets and whether they are eligible.")
+    c.add_argument("--config", default="routes.yaml", help="the routes file")
     c.set_defaults(fn=cmd_check)
 
-    e = sub.add_parser("explain", help="the order a request to ROUTE would get now")
-    e.add_argument("route")
-    e.add_argument("--url", default="http://127.0.0.1:8080")
+    e = _command(sub, "explain", "the order a request to ROUTE would get now",
+                 "Asks a running gateway; the same plan() as traffic, without exploring.")
+    e.add_argument("route", help="a route name from the file")
+    e.add_argument("--url", default="http://127.0.0.1:8080", help="the running gateway")
     e.add_argument("--key", default=None, help="client key, if the gateway asks for one")
     e.add_argument("--mode", choices=("streamed", "buffered"), default="streamed",
                    help="rank by the figures of streamed (first token) or buffered (whole answer) calls")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="print the JSON answer instead of a table")
     e.set_defaults(fn=cmd_explain)
 
-    m = sub.add_parser("simulate", help="serve the simulated provider over real HTTP")
-    m.add_argument("--host", default="127.0.0.1")
-    m.add_argument("--port", type=int, default=9000)
+    m = _command(sub, "simulate", "serve the simulated provider over real HTTP",
+                 "An OpenAI-compatible stand-in with tunable timing, for benchmarks and trials without keys.")
+    m.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    m.add_argument("--port", type=int, default=9000, help="port to listen on")
     m.add_argument("--schedule", default=None,
                    help="JSON file: [{\"at\": secs, <knob>: value, ...}, ...] applied over time")
     add_sim_knobs(m)
     m.set_defaults(fn=cmd_simulate)
 
-    d = sub.add_parser("decisions", help="summarise the decision ledger")
-    d.add_argument("--ledger", default="firstbyte.db")
-    d.add_argument("--route", default=None)
-    d.add_argument("--since", default=None, help="e.g. 30m, 1h, 2d")
+    d = _command(sub, "decisions", "summarise the decision ledger",
+                 "Share served per target, failover rate, exploration share, p50/p95 time to first chunk.")
+    d.add_argument("--ledger", default="firstbyte.db", help="the SQLite ledger (ledger.path in routes.yaml)")
+    d.add_argument("--route", default=None, help="only this route")
+    d.add_argument("--since", default=None, help="only the last: 90 (seconds), 30m, 1h, 2d")
     d.set_defaults(fn=cmd_decisions)
     return p
 
@@ -188,7 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, args.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.fn(args))
+    try:
+        return int(args.fn(args))
+    except CliError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,10 +21,19 @@ import yaml
 
 from .errors import ConfigError
 
-KINDS = ("openai", "anthropic", "simulated")
+KINDS = ("openai", "anthropic", "simulated", "azure")
 STRATEGIES = ("ordered", "weighted", "fastest", "cheapest", "score")
 SIGNALS = ("ewma", "p50")
 _NAME = re.compile(r"^[A-Za-z0-9._:/@+\-]+$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
+AZURE_API_VERSION = "2024-10-21"  # the latest GA api-version of Azure OpenAI's data plane
+# Headers a provider's `headers:` may not set: credentials (secrets never sit in the file: use
+# api_key_env) and the ones firstbyte writes itself.
+_OWN_HEADERS = frozenset({
+    "authorization", "x-api-key", "api-key", "proxy-authorization", "cookie", "content-type",
+    "content-length", "content-encoding", "transfer-encoding", "host", "connection", "te", "upgrade",
+    "anthropic-version",
+})
 
 TargetKey = tuple[str, str]  # (provider name, upstream model): the unit figures are kept for
 
@@ -63,6 +72,9 @@ class Provider:
     simulate: Simulate = Simulate()
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = 4096
+    responses: bool = False  # serves the Responses API itself: /v1/responses goes as it is
+    headers: tuple[tuple[str, str], ...] = ()  # static extra headers on every upstream call
+    api_version: str = AZURE_API_VERSION  # kind azure: the api-version query parameter
 
     @property
     def has_credentials(self) -> bool:
@@ -300,6 +312,9 @@ _PROVIDER_KEYS = (
     "simulate",
     "anthropic_version",
     "default_max_tokens",
+    "responses",
+    "headers",
+    "api_version",
 )
 _TARGET_KEYS = (
     "provider",
@@ -374,6 +389,14 @@ def _provider(r: _Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provid
     )
     if "simulate" in data and kind != "simulated":
         r.problem(f"{path}.simulate", "only for kind simulated")
+    responses = data.get("responses", False)
+    if not isinstance(responses, bool):
+        r.problem(f"{path}.responses", f"expected true or false, got {responses!r}")
+        responses = False
+    elif responses and kind != "openai":
+        r.problem(f"{path}.responses", "only for kind openai (other kinds get /v1/responses translated)")
+    if "api_version" in data and kind != "azure":
+        r.problem(f"{path}.api_version", "only for kind azure")
     return Provider(
         name=name,
         kind=kind,
@@ -386,7 +409,40 @@ def _provider(r: _Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provid
         simulate=parse_simulate(r, data.get("simulate"), f"{path}.simulate"),
         anthropic_version=r.string(data, "anthropic_version", path, "2023-06-01"),
         default_max_tokens=r.number(data, "default_max_tokens", path, 4096, low=1, integer=True),
+        responses=responses,
+        headers=_headers(r, data.get("headers"), f"{path}.headers", kind),
+        api_version=r.string(data, "api_version", path, AZURE_API_VERSION),
     )
+
+
+def _headers(r: _Reader, raw: Any, path: str, kind: str) -> tuple[tuple[str, str], ...]:
+    """A provider's static extra headers (OpenRouter's HTTP-Referer and X-Title, a gateway's
+    routing tag…): names are HTTP tokens, values printable, credentials refused."""
+    if raw is None:
+        return ()
+    if kind == "simulated":
+        r.problem(path, "only for kinds that call over HTTP (not simulated)")
+        return ()
+    if not isinstance(raw, dict):
+        r.problem(path, f"expected a mapping of header name to value, got {type(raw).__name__}")
+        return ()
+    out: list[tuple[str, str]] = []
+    for name, value in raw.items():
+        where = f"{path}.{name}"
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            r.problem(where, "not a valid header name (letters, digits and !#$%&'*+.^_`|~- only)")
+        elif name.lower() in _OWN_HEADERS:
+            reason = ("a credential: name its environment variable in api_key_env instead"
+                      if name.lower() in ("authorization", "x-api-key", "api-key", "proxy-authorization", "cookie")
+                      else "set by firstbyte itself")
+            r.problem(where, f"may not be set here ({reason})")
+        elif isinstance(value, bool) or not isinstance(value, str | int | float):
+            r.problem(where, f"expected a string, got {value!r}")
+        elif any(c in str(value) for c in "\r\n\0"):
+            r.problem(where, "value may not contain line breaks or NUL")
+        else:
+            out.append((name, str(value)))
+    return tuple(out)
 
 
 def _target(r: _Reader, raw: Any, path: str, providers: Mapping[str, Provider]) -> Target | None:
@@ -587,6 +643,16 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
     return config
 
 
+def _yaml_problem(source: str, exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as ``FILE:LINE:COLUMN: what`` (PyYAML's own text names
+    ``<unicode string>`` instead of the file, and spreads over several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
     """Read and validate a routes file."""
     source = str(path)
@@ -597,5 +663,5 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"(file): not valid YAML: {exc}"]) from exc
+        raise ConfigError(source, [_yaml_problem(source, exc)]) from exc
     return parse_config(raw, env, source)

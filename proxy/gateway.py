@@ -47,7 +47,8 @@ class Gateway:
         self.sim = SimTransport()
         self.walker: Walker | None = None
         self.draining = False
-        self.loaded_at = time.time()
+        self.loaded_at = time.time()  # when the config in force was taken
+        self.reload_ok = True  # the last load was taken (False after a refused reload)
         self.rngs: dict[str, random.Random] = {}
         self._shared_rng = random.Random()
         self.config = config

@@ -15,7 +15,7 @@ from .config import Route, Target
 from .errors import error_body
 from .gateway import Gateway
 from .observe.hub import Hub
-from .replies import GATEWAY, HUB, error_response, json_response
+from .replies import GATEWAY, HUB, error_response, json_response, request_id
 from .routing.ordering import load_penalty
 from .routing.plan import Ask, plan
 from .routing.score import score_targets
@@ -30,6 +30,23 @@ async def models(request: web.Request) -> web.Response:
         for name in gw.config.routes
     ]
     return json_response({"object": "list", "data": data})
+
+
+async def model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{id}`` (``client.models.retrieve``): a route, or a ``provider/model`` pin
+    to a configured provider; anything else is a 404 naming the routes."""
+    gw = request.app[GATEWAY]
+    name = request.match_info["model"]
+    config = gw.config
+    provider, sep, _ = name.partition("/")
+    if name in config.routes or (sep and provider in config.providers):
+        owner = provider if sep else "firstbyte"
+        return json_response({"id": name, "object": "model", "created": int(gw.loaded_at), "owned_by": owner},
+                             headers={"x-request-id": request_id(request)})
+    known = ", ".join(config.routes) or "none"
+    body = error_body(f"No route '{name}' (routes: {known}; or name provider/upstream-model).",
+                      "invalid_request_error", code="model_not_found", param="model")
+    return error_response(404, body, request_id=request_id(request))
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import orjson
@@ -22,6 +23,18 @@ _ids = random.Random()  # seeded from os.urandom once; ids need to be unique, no
 
 def new_id() -> str:
     return f"{_ids.getrandbits(48):012x}"  # os.urandom per request was ~5% of a buffered call's CPU
+
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")  # fits the decision header's grammar
+
+
+def request_id(request: web.Request) -> str:
+    """The client's ``x-request-id`` when it is a safe token (1-64 of letters, digits, ``._:-``),
+    so its logs and ours share the id; otherwise (or absent) a new one."""
+    given = request.headers.get("x-request-id")
+    if given is not None and _REQUEST_ID.match(given):
+        return given
+    return new_id()
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -85,9 +85,12 @@ def estimate_tokens(call: Call) -> int:
         chars = _text_size(body.get("messages")) + _text_size(body.get("system"))
     elif call.op == "completions":
         chars = _text_size(body.get("prompt"))
+    elif call.op == "responses":
+        chars = _text_size(body.get("input")) + _text_size(body.get("instructions"))
     else:
         chars = _text_size(body.get("input"))
-    budget = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    budget = (body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+              or 0)
     if not isinstance(budget, int):
         budget = 0
     return chars // CHARS_PER_TOKEN + budget

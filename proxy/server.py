@@ -13,18 +13,20 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from .config import Config
+from .counting import count_tokens
 from .errors import ClientError, error_body
 from .gateway import Gateway
 from .observe import Finished
 from .observe.hub import Hub
-from .ops import add_ops_routes, explain, health, models
+from .ops import add_ops_routes, explain, health, model, models
 from .providers.anthropic_reverse import openai_error_to_anthropic
 from .race import walk_route
 from .relay import forward_headers, relay_stream
-from .replies import GATEWAY, JSON, error_response, new_id
+from .replies import GATEWAY, JSON, error_response, request_id
 from .request import estimate_tokens, parse_call, read_body
 from .routing.decision import HEADER, Decision, header_with
 from .routing.plan import Ask, plan
@@ -36,12 +38,14 @@ log = logging.getLogger("firstbyte")
 class Exchange:
     """Book-keeping of one routed request, turned into a Finished record at the end."""
 
-    __slots__ = ("decision", "error", "first_sent", "op", "sent", "started", "status", "stream",
-                 "t0")
+    __slots__ = ("asked", "decision", "error", "first_sent", "op", "rid", "sent", "started", "status",
+                 "stream", "t0")
 
     def __init__(self, op: str, t0: float) -> None:
         self.op = op
         self.t0 = t0
+        self.rid = ""
+        self.asked: str | None = None
         self.started = time.time()
         self.decision: Decision | None = None
         self.status = 500
@@ -54,19 +58,23 @@ class Exchange:
 async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamResponse:
     config = gw.config  # this request finishes on the config it started with
     ex = Exchange(op, gw.clock())
+    ex.rid = request_id(request)
     try:
         return await _route(request, gw, config, ex)
     except ClientError as exc:
         decision = getattr(exc, "decision", None)
         ex.decision = decision.but(status=exc.status) if decision is not None else None
         ex.status = exc.status
-        return error_response(exc.status, exc.body(), ex.decision, new_id())
+        ex.error = exc.code or exc.type
+        body = exc.body()
+        ex.sent = len(body)
+        return error_response(exc.status, body, ex.decision, ex.rid)
     finally:
         end = gw.clock()
         gw.finished(  # positional: this runs for every request (the field order is Finished's)
             Finished(ex.decision, ex.started, request.remote or "-", request.method, request.path, ex.status,
                      op, ex.stream, None if ex.first_sent is None else ex.first_sent - ex.t0, end - ex.t0,
-                     ex.sent, ex.error)
+                     ex.sent, ex.error, ex.rid, ex.asked)
         )
 
 
@@ -74,8 +82,9 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     raw = await read_body(request, config.max_body_bytes)
     call, model = parse_call(ex.op, raw, request.headers.get("anthropic-beta"))
     ex.stream = call.stream
+    ex.asked = model
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
-    ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens, ex.op,
+    ask = Ask(ex.rid, model, request.headers.get("x-route-provider"), tokens, ex.op,
               STREAMED if call.stream else BUFFERED)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
     decision = planned.decision
@@ -109,6 +118,8 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     else:
         decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status, race=race)
     ex.decision, ex.status = decision, result.status
+    if served is None and result.outcome is not None:
+        ex.error = result.outcome.word  # the walk's verdict: 429, timeout, untranslatable…
     extra = {HEADER: decision.header(), "x-request-id": decision.id}
     if served is not None or (result.outcome is not None and not result.outcome.failover):
         # A buffered answer, or another 4xx returned to the client as it is.
@@ -139,6 +150,8 @@ def _nothing_eligible(ex: Exchange, decision: Decision, unservable: str | None) 
         body = error_body(f"No target of route '{decision.route}' meets its {unservable} floor: {why}. "
                           "Declare the targets' values or lower the floor in the config.",
                           "invalid_request_error", code=unservable)
+    ex.error = unservable or "no_eligible_target"
+    ex.sent = len(body)
     return error_response(status, body, decision)
 
 
@@ -158,32 +171,69 @@ def messages(gw: Gateway) -> Handler:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def guarded(gw: Gateway, inner: Handler, *, anthropic: bool = False) -> Handler:
+def guarded(gw: Gateway, inner: Handler, *, anthropic: bool = False, logs: bool = False) -> Handler:
     """An endpoint under /v1: client keys first, and whatever escapes it in the OpenAI shape.
 
     This wraps each handler instead of being aiohttp middleware: two middlewares
     cost about 2.5 % of a relayed call (callgrind), for checks that need no
     chain. ``anthropic`` answers a refused key in Anthropic's error shape.
+    A refused key is logged here; ``logs`` logs every answer of an endpoint that
+    is not routed (routed ones log their own, with the decision).
     """
 
     async def handle(request: web.Request) -> web.StreamResponse:
         keys = gw.config.clients.keys
         if keys and not _key_accepted(request, keys):
-            return _key_refused(anthropic)
-        try:
-            return await inner(request)
+            t0 = gw.clock()
+            refused = _key_refused(anthropic, request_id(request))
+            log_answer(gw, request, refused, t0)
+            return refused
+        t0 = gw.clock() if logs else 0.0
+        try:  # inline, not a helper coroutine: this wraps every routed call
+            response = await inner(request)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return _refusal(request, exc.status, exc.reason, exc.headers.get("Allow"))
+            response = _refusal(request, exc.status, exc.reason, exc.headers.get("Allow"))
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
             body = error_body("firstbyte failed to handle this request; the error is in its log.",
                               "server_error", code="internal_error")
-            return web.Response(body=body, status=500, content_type=JSON)
+            response = web.Response(body=body, status=500, content_type=JSON,
+                                    headers={"x-request-id": request_id(request)})
+        if logs:
+            log_answer(gw, request, response, t0)
+        return response
 
     handle.__name__ = f"guarded_{getattr(inner, '__name__', 'handler')}"
     return handle
+
+
+def log_answer(gw: Gateway, request: web.Request, response: web.StreamResponse, t0: float) -> None:
+    """Hand an answer that was not routed (401, 404, models, health…) to the observers, with
+    its id, size and error code, so the access log has a line for every answer."""
+    body = getattr(response, "body", None)
+    size = len(body) if isinstance(body, bytes) else (response.content_length or 0)
+    error = None
+    if response.status >= 400 and isinstance(body, bytes):
+        error = _error_code(body)
+    rid = response.headers.get("x-request-id")
+    now = gw.clock()
+    gw.finished(Finished(None, time.time() - (now - t0), request.remote or "-", request.method, request.path,
+                         response.status, "", False, now - t0, now - t0, size, error, rid))
+
+
+def _error_code(body: bytes) -> str | None:
+    """The ``code`` (else ``type``) of an OpenAI- or Anthropic-shape error body."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code") or error.get("type")
+    return code if isinstance(code, str) else None
 
 
 def handler(gw: Gateway, op: str) -> Handler:
@@ -211,7 +261,7 @@ def _key_accepted(request: web.Request, keys: Iterable[str]) -> bool:
     return ok
 
 
-def _key_refused(anthropic: bool) -> web.Response:
+def _key_refused(anthropic: bool, rid: str) -> web.Response:
     body = error_body(
         "Missing or unknown client key: send 'Authorization: Bearer <key>' "
         "with a key this gateway was given.",
@@ -220,21 +270,45 @@ def _key_refused(anthropic: bool) -> web.Response:
     )
     if anthropic:
         body = openai_error_to_anthropic(401, body)
-    return error_response(401, body, request_id=new_id())
+    return error_response(401, body, request_id=rid)
+
+
+SERVED = "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, /v1/models"
+# OpenAI API families a client may call that are not routed here: a 404 that says so.
+_UNSERVED = {
+    "images": "image generation", "audio": "audio (speech, transcription)", "moderations": "moderations",
+    "files": "files", "batches": "batches", "uploads": "uploads", "fine_tuning": "fine-tuning",
+    "vector_stores": "vector stores", "assistants": "assistants", "threads": "threads", "realtime": "realtime",
+    "containers": "containers", "conversations": "conversations", "evals": "evals", "videos": "videos",
+}
 
 
 def _refusal(request: web.Request, status: int, reason: str, allow: str | None = None) -> web.Response:
-    message = f"{reason}: {request.method} {request.path}"
-    if status == 404:
-        message += " is not an endpoint of this gateway (see /v1/models, /v1/chat/completions)."
-    body = error_body(message, "invalid_request_error", code=f"http_{status}")
-    return web.Response(body=body, status=status, content_type=JSON,
-                        headers={"Allow": allow} if allow else None)
+    """404/405 in the dialect of the endpoint family: Anthropic's shape under /v1/messages (and
+    for a client that sends anthropic-version), else OpenAI's."""
+    path = request.path
+    family = path[4:].split("/", 1)[0] if path.startswith("/v1/") else ""
+    code = f"http_{status}"
+    message = f"{reason}: {request.method} {path}"
+    if status == 404 and family in _UNSERVED:
+        message = (f"This gateway does not serve the {_UNSERVED[family]} API ({request.method} {path}); "
+                   f"it routes {SERVED}. Call a provider directly for {family}.")
+        code = "unsupported_endpoint"
+    elif status == 404:
+        message += f" is not an endpoint of this gateway (it serves {SERVED})."
+    body = error_body(message, "invalid_request_error", code=code)
+    if family == "messages" or "anthropic-version" in request.headers:
+        body = openai_error_to_anthropic(status, body)
+    headers = {"x-request-id": request_id(request)}
+    if allow:
+        headers["Allow"] = allow
+    return web.Response(body=body, status=status, content_type=JSON, headers=headers)
 
 
 def no_endpoint(gw: Gateway, known: dict[str, set[str]]) -> Handler:
     """The catch-all route: an unknown path is a 404 and a known path with another method a 405,
-    both in the OpenAI shape (and behind client keys under /v1, like every endpoint there)."""
+    both in the endpoint family's error shape (and behind client keys under /v1, like every
+    endpoint there), each with its access-log line."""
 
     async def refuse(request: web.Request) -> web.StreamResponse:
         methods = known.get(request.path)
@@ -242,12 +316,15 @@ def no_endpoint(gw: Gateway, known: dict[str, set[str]]) -> Handler:
             return _refusal(request, 404, "Not Found")
         return _refusal(request, 405, "Method Not Allowed", ",".join(sorted(methods)))
 
-    guarded_refuse = guarded(gw, refuse)
+    guarded_refuse = guarded(gw, refuse, logs=True)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/v1/"):
             return await guarded_refuse(request)
-        return await refuse(request)
+        t0 = gw.clock()
+        response = await refuse(request)
+        log_answer(gw, request, response, t0)
+        return response
 
     return handle
 
@@ -262,12 +339,16 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
         ("POST", "/v1/completions", handler(gw, "completions")),
         ("POST", "/v1/embeddings", handler(gw, "embeddings")),
         ("POST", "/v1/messages", messages(gw)),
+        ("POST", "/v1/responses", handler(gw, "responses")),
         ("GET", "/v1/models", models),
         ("GET", "/v1/health", health),
     ]
     for method, path, inner in endpoints:
-        app.router.add_route(method, path, guarded(gw, inner, anthropic=path == "/v1/messages"))
-    app.router.add_get("/v1/routes/{route}/explain", guarded(gw, explain))
+        app.router.add_route(method, path, guarded(gw, inner, anthropic=path == "/v1/messages",
+                                                   logs=method == "GET"))
+    app.router.add_post("/v1/messages/count_tokens", guarded(gw, count_tokens(gw), anthropic=True, logs=True))
+    app.router.add_get("/v1/models/{model:.+}", guarded(gw, model, logs=True))
+    app.router.add_get("/v1/routes/{route}/explain", guarded(gw, explain, logs=True))
     known: dict[str, set[str]] = {}
     for route in app.router.routes():
         path = route.resource.canonical if route.resource is not None else ""

@@ -70,12 +70,14 @@ class Service:
                     config = await asyncio.to_thread(load_config, self.config_path)
                 except ConfigError as exc:
                     log.error("reload refused, the running config stays: %s", exc)
+                    self.gateway.reload_ok = False  # firstbyte_config_last_reload_successful 0
                     return False
                 old = self.gateway.config
                 for key in ("listen", "ops_listen", "shutdown_grace"):
                     if getattr(config, key) != getattr(old, key):
                         log.warning("%s changed: takes effect on restart", key)
                 self.gateway.apply(config)
+                self.gateway.reload_ok = True
                 await self.hub.reconfigure(config, self.gateway)
                 log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
                 return True

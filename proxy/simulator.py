@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from .config import Simulate
+from .simscript import Script, needs_script, script_for
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -74,6 +75,16 @@ class Simulator:
             return SimAnswer(200, _JSON, orjson.dumps(_embeddings(body, model)), None)
         prompt_tokens = _prompt_tokens(body)
         words = [f"tok{i} " for i in range(knobs.chunks)]
+        if needs_script(body, knobs.chunks):  # tools, JSON, n, stop, max_tokens: answer as a model would
+            script = script_for(op, body, words, self.served)
+            if body.get("stream"):
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                stream = _script_stream(op, model, script, delay, knobs.chunk_ms / 1000.0, prompt_tokens,
+                                        usage)
+                return SimAnswer(200, _SSE, None, stream)
+            steps = max(c.tokens for c in script.choices)
+            await asyncio.sleep(delay + steps * knobs.chunk_ms / 1000.0)
+            return SimAnswer(200, _JSON, orjson.dumps(_script_buffered(op, model, script, prompt_tokens)), None)
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             stream = _stream(op, model, words, delay, knobs.chunk_ms / 1000.0, prompt_tokens, usage)
@@ -92,6 +103,8 @@ _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 def _prompt_tokens(body: dict[str, Any]) -> int:
     if "messages" in body:
         text = "".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+        if "tools" in body:
+            text += str(body["tools"])
     else:
         text = str(body.get("prompt", ""))
     return max(1, len(text) // 4)
@@ -162,3 +175,76 @@ def _embeddings(body: dict[str, Any], model: str) -> dict[str, Any]:
     tokens = sum(max(1, len(str(x)) // 4) for x in inputs)
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _tool_calls(choice_calls: list[Any], whole: bool) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": "".join(c.arguments) if whole else ""}}
+            for c in choice_calls]
+
+
+def _script_buffered(op: str, model: str, script: Script, prompt: int) -> dict[str, Any]:
+    created = int(time.time())
+    usage = _usage(prompt, script.tokens)
+    if op == "completions":
+        return {"id": "cmpl-sim", "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": i, "text": "".join(c.pieces), "finish_reason": c.finish, "logprobs": None}
+                            for i, c in enumerate(script.choices)],
+                "usage": usage}
+    choices = []
+    for i, c in enumerate(script.choices):
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(c.pieces) if c.pieces or not c.calls
+                                   else None}
+        if c.calls:
+            message["tool_calls"] = _tool_calls(c.calls, True)
+        choices.append({"index": i, "message": message, "finish_reason": c.finish})
+    return {"id": "chatcmpl-sim", "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": usage}
+
+
+def _script_chunk(op: str, model: str, created: int, index: int, delta: dict[str, Any] | str,
+                  finish: str | None) -> bytes:
+    if op == "completions":
+        data: dict[str, Any] = {"id": "cmpl-sim", "object": "text_completion", "created": created, "model": model,
+                                "choices": [{"index": index, "text": delta, "finish_reason": finish,
+                                             "logprobs": None}]}
+    else:
+        data = {"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+async def _script_stream(op: str, model: str, script: Script, delay: float, pace: float,
+                         prompt: int, usage: bool) -> AsyncIterator[bytes]:
+    """The choices side by side, one piece of each per step, as OpenAI interleaves them."""
+    created = int(time.time())
+    steps: list[list[bytes]] = []
+    for index, c in enumerate(script.choices):
+        events: list[bytes] = []
+        for k, piece in enumerate(c.pieces):
+            delta: dict[str, Any] | str = piece if op == "completions" else (
+                {"role": "assistant", "content": piece} if k == 0 else {"content": piece})
+            events.append(_script_chunk(op, model, created, index, delta, None))
+        for n, call in enumerate(c.calls):
+            head = {"index": n, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            first: dict[str, Any] = {"tool_calls": [head]}
+            if not events:
+                first["role"] = "assistant"
+                first["content"] = None
+            events.append(_script_chunk(op, model, created, index, first, None))
+            for piece in call.arguments:
+                events.append(_script_chunk(op, model, created, index,
+                                            {"tool_calls": [{"index": n, "function": {"arguments": piece}}]}, None))
+        events.append(_script_chunk(op, model, created, index, "" if op == "completions" else {}, c.finish))
+        steps.append(events)
+    await asyncio.sleep(delay)
+    for step in range(max(len(e) for e in steps)):
+        if step:
+            await asyncio.sleep(pace)
+        yield b"".join(events[step] for events in steps if step < len(events))
+    if usage:
+        obj = "chat.completion.chunk" if op != "completions" else "text_completion"
+        data = {"id": "chatcmpl-sim", "object": obj, "created": created, "model": model,
+                "choices": [], "usage": _usage(prompt, script.tokens)}
+        yield b"data: " + orjson.dumps(data) + b"\n\n"
+    yield SSE_DONE

@@ -42,6 +42,9 @@ def usage_of_body(op: str, body: bytes) -> Usage | None:
         return None
     if op == "messages":
         return usage_from_anthropic(usage)
+    if op == "responses":  # the Responses API counts input and output tokens
+        prompt, completion = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     prompt = _int(usage.get("prompt_tokens"))
     completion = _int(usage.get("completion_tokens"))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

@@ -191,7 +191,7 @@ class Walker:
                          providers: Mapping[str, Provider], call: Call, rescue: bool) -> bool:
         """One target, with its retries; True when the walk is over (an answer or a client error)."""
         provider = providers[target.provider]
-        adapter = adapter_for(provider.kind, call.op)
+        adapter = adapter_for(provider.kind, call.op, provider.responses)
         try:
             request = adapter.build(provider, target, call)
         except TranslationError as exc:

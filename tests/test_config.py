@@ -47,7 +47,7 @@ def test_every_problem_at_once_with_its_path() -> None:
     }
     assert problems(raw) == [
         "providers.a.base_url: required for kind openai",
-        "providers.b.kind: must be one of openai, anthropic, simulated, got 'magic'",
+        "providers.b.kind: must be one of openai, anthropic, simulated, azure, got 'magic'",
         "providers.s.simulate.fail_rate: must be at most 1, got 2",
         "routes.chat.targets[0].weight: must be at least 0, got -1",
         "routes.chat.targets[1].provider: unknown provider 'grok'",

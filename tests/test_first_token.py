@@ -14,6 +14,7 @@ from proxy.providers.first_token import (
     Ended,
     FirstToken,
     OpenAIFirstToken,
+    ResponsesFirstToken,
     UpstreamError,
     error_in_body,
 )
@@ -185,3 +186,30 @@ def test_a_stream_that_ends_before_content_is_failover_safe() -> None:
 def test_error_in_body(body: bytes, kind: str | None) -> None:
     found = error_in_body(body)
     assert (None if found is None else found.kind) == kind
+
+
+def responses_event(kind: str, **payload: object) -> bytes:
+    return b"event: " + kind.encode() + b"\n" + data({"type": kind, **payload})
+
+
+@pytest.mark.parametrize(
+    ("reads", "want"),
+    [
+        pytest.param([responses_event("response.created", response={"id": "r"}),
+                      responses_event("response.in_progress", response={"id": "r"}),
+                      responses_event("response.output_item.added", item={"type": "message", "content": []}),
+                      responses_event("response.content_part.added", part={"type": "output_text", "text": ""}),
+                      responses_event("response.output_text.delta", delta="Hi")],
+                     [None, None, None, None, COMMITTED], id="text-delta-commits"),
+        pytest.param([responses_event("response.output_item.added", item={"type": "function_call", "name": "f"})],
+                     [COMMITTED], id="a-function-call-item-commits"),
+        pytest.param([responses_event("response.created", response={"id": "r"}),
+                      responses_event("response.failed", response={"error": {"code": "server_error",
+                                                                             "message": "boom"}})],
+                     [None, "UpstreamError"], id="response-failed-is-an-error"),
+        pytest.param([responses_event("error", code="rate_limit_exceeded", message="slow down")],
+                     ["UpstreamError"], id="error-event"),
+    ],
+)
+def test_responses_gate(reads: list[bytes], want: list[object]) -> None:
+    assert verdicts(ResponsesFirstToken(), reads) == want

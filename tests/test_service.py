@@ -135,6 +135,15 @@ async def test_client_keys_guard_v1_but_not_health(service: Running) -> None:
     await service.wait_for("WATCHDOG=1")
 
 
+async def reload_gauges(session: aiohttp.ClientSession, service: Running) -> tuple[float, float]:
+    """firstbyte_config_last_reload_successful and its success timestamp, from /metrics."""
+    async with session.get(service.ops_url + "/metrics") as resp:
+        text = await resp.text()
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return (values["firstbyte_config_last_reload_successful"],
+            values["firstbyte_config_last_reload_success_timestamp_seconds"])
+
+
 async def test_reload_under_traffic_loses_no_request(service: Running, tmp_path: Path) -> None:
     statuses: list[int] = []
     stop = asyncio.Event()
@@ -154,6 +163,8 @@ async def test_reload_under_traffic_loses_no_request(service: Running, tmp_path:
         await service.wait_for("RELOADING=1")
         await asyncio.sleep(0.3)
         assert (await chat(session, service, "added"))[0] == 200
+        taken = await reload_gauges(session, service)
+        assert taken[0] == 1 and taken[1] > 0
 
         service.messages.clear()
         service.config.write_text("routes: {chat: {targets: [{provider: nope}]}}\n")
@@ -164,6 +175,8 @@ async def test_reload_under_traffic_loses_no_request(service: Running, tmp_path:
         stop.set()
         await asyncio.gather(*workers)
         assert (await chat(session, service, "added"))[0] == 200  # the old config still serves
+        refused = await reload_gauges(session, service)
+        assert refused == (0, taken[1])  # refused shows; the timestamp is still the last taken load
     assert len(statuses) > 20
     assert set(statuses) == {200}
     stderr = (tmp_path / "stderr.log").read_text()

@@ -52,3 +52,14 @@ def test_a_changed_setup_cfg_installs_again_with_what_is_asked(tmp_path: Path) -
     source(root, None)
     assert installs(calls) == [f"-m pip install --quiet -e {root}[dev,bench]",
                                f"-m pip install --quiet -e {root}[dev]"]
+
+
+def test_serve_installs_only_what_serving_needs_and_never_undoes_the_dev_tools(tmp_path: Path) -> None:
+    root, calls = scratch_root(tmp_path)
+    source(root, "")  # scripts/serve in a fresh clone: the package alone
+    source(root, "")
+    source(root, None)  # then scripts/test: adds dev
+    source(root, "")  # serve again: nothing to do, dev stays
+    assert installs(calls) == [f"-m pip install --quiet -e {root}",
+                               f"-m pip install --quiet -e {root}[dev]"]
+    assert "FIRSTBYTE_EXTRAS=\"\"" in (ROOT / "scripts" / "serve").read_text()

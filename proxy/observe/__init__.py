@@ -30,7 +30,9 @@ class Finished(NamedTuple):
     ttfc: float | None  # seconds from arrival to the first body byte sent to the client
     total: float  # seconds from arrival to the end of the response
     bytes_sent: int
-    error: str | None = None  # why a committed stream ended early, if it did
+    error: str | None = None  # why a committed stream ended early, or the error code answered
+    request_id: str | None = None  # the answer's x-request-id when there is no decision
+    asked: str | None = None  # the model (route) the client asked for, when there is no decision
 
 
 class Observer(Protocol):

@@ -65,12 +65,12 @@ def _fields(finished: Finished) -> dict[str, Any]:
     usage = d.usage if d is not None else {}
     return {
         "time": _iso(finished.started),
-        "id": d.id if d is not None else None,
+        "id": d.id if d is not None else finished.request_id,
         "client": finished.client,
         "method": finished.method,
         "path": finished.path,
         "status": finished.status,
-        "route": d.route if d is not None else None,
+        "route": d.route if d is not None else finished.asked,
         "served": d.served if d is not None else None,
         "attempts": len(d.attempts) if d is not None else 0,
         "failovers": d.failovers if d is not None else 0,
@@ -131,8 +131,9 @@ def format_text(finished: Finished) -> str:
     """
     d = finished.decision
     t = _text
-    if d is None:
-        rid, routed = "-", "route=- served=- attempts=0 failovers=0"
+    if d is None:  # refused before routing, or not a routed endpoint: the id and route asked for
+        rid = _text_value(finished.request_id)
+        routed = f"route={_text_value(finished.asked)} served=- attempts=0 failovers=0"
         tokens = "prompt_tokens=- completion_tokens=- cost_usd=-"
         decision = "-"
     else:

@@ -96,6 +96,7 @@ class Hub:
                 self.metrics.set_target_state(target.name, health.state, 0 if ts is None else ts.in_flight)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
+        self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at)
         return self.metrics.render()
 
     async def close(self) -> None:

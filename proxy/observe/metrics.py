@@ -160,6 +160,17 @@ class Metrics:
             registry=r,
         )
         self._races: list[tuple[str, str | None, tuple[tuple[str, str], ...]]] = []
+        # Named as Prometheus names its own, so the usual "config reload failed" alert fits as it is.
+        self.reload_ok = Gauge(
+            "firstbyte_config_last_reload_successful",
+            "1 if the last config load (start or SIGHUP reload) was taken, 0 if it was refused.",
+            registry=r,
+        )
+        self.reload_at = Gauge(
+            "firstbyte_config_last_reload_success_timestamp_seconds",
+            "Epoch seconds of the last config load that was taken.",
+            registry=r,
+        )
         self._counts: dict[_Key, int] = {}
         self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
         self._counters = {c.name: c for c in (self.requests, self.decisions, self.failovers, self.attempts,
@@ -311,6 +322,10 @@ class Metrics:
 
     def set_ledger_dropped(self, count: int) -> None:
         self.ledger_dropped.set({}, count)
+
+    def set_reload(self, ok: bool, taken_at: float) -> None:
+        self.reload_ok.set({}, 1 if ok else 0)
+        self.reload_at.set({}, taken_at)
 
     def render(self, accepts: Sequence[str] = ()) -> tuple[bytes, str]:
         """The Prometheus text exposition and its Content-Type for ``GET /metrics``."""

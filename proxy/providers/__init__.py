@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from .anthropic import AnthropicAdapter
+from .azure import AzureAdapter
 from .base import Adapter, Call, UpstreamRequest
 from .messages import ReverseMessages
 from .openai import OpenAIAdapter
+from .responses_adapter import PassthroughResponses, TranslatedResponses
 from .simulated import SimulatedAdapter
 
 ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAIAdapter(),
+    "azure": AzureAdapter(),
     "simulated": SimulatedAdapter(),
     "anthropic": AnthropicAdapter(),
 }
@@ -19,11 +22,21 @@ _MESSAGES: dict[str, Adapter] = {
     kind: ReverseMessages(adapter) for kind, adapter in ADAPTERS.items() if kind != "anthropic"
 }
 
+# /v1/responses: as it is to a provider that serves it (responses: true), else through its chat API.
+_RESPONSES: dict[str, Adapter] = {
+    kind: TranslatedResponses(adapter, reasoning=kind in ("openai", "azure"), json_format=kind != "anthropic")
+    for kind, adapter in ADAPTERS.items()
+}
+_PASSTHROUGH_RESPONSES = PassthroughResponses()
 
-def adapter_for(kind: str, op: str) -> Adapter:
-    """The adapter for a provider kind and the client's operation."""
+
+def adapter_for(kind: str, op: str, responses: bool = False) -> Adapter:
+    """The adapter for a provider kind and the client's operation; ``responses`` is the
+    provider's own ``responses: true`` (it serves ``/v1/responses`` itself)."""
     if op == "messages" and kind in _MESSAGES:
         return _MESSAGES[kind]
+    if op == "responses":
+        return _PASSTHROUGH_RESPONSES if responses else _RESPONSES[kind]
     return ADAPTERS[kind]
 
 

@@ -45,6 +45,8 @@ class AnthropicAdapter:
                 f"Anthropic targets serve chat completions and messages, not {call.op}"
             )
         headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
+        if provider.headers:
+            headers.update(provider.headers)
         if provider.api_key:
             headers["x-api-key"] = provider.api_key
         if call.beta:  # opt-in features the client asked Anthropic for (prompt caching, tools…)

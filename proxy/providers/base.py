@@ -20,6 +20,7 @@ PATHS = {
     "completions": "/completions",
     "embeddings": "/embeddings",
     "messages": "/messages",
+    "responses": "/responses",
 }
 
 
@@ -27,7 +28,7 @@ PATHS = {
 class Call:
     """A client's request as the walker sees it: the operation and the decoded body."""
 
-    op: str  # chat | completions | embeddings | messages
+    op: str  # chat | completions | embeddings | messages | responses
     body: dict[str, Any]
     stream: bool
     wants_usage: bool = False  # the client itself asked for stream_options.include_usage

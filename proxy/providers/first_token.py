@@ -25,6 +25,7 @@ __all__ = [
     "AnthropicFirstToken",
     "FirstToken",
     "OpenAIFirstToken",
+    "ResponsesFirstToken",
     "UpstreamError",
     "error_in_body",
 ]
@@ -72,8 +73,10 @@ class FirstToken:
         self.held = b""
         self.failure: UpstreamError | Ended | None = None
 
+    compact_content = False  # OpenAI chat chunks only: a compact non-empty "content" string is a token
+
     def feed(self, data: bytes) -> bool:
-        if not self._parts and data.startswith(b"data: {"):
+        if self.compact_content and not self._parts and data.startswith(b"data: {"):
             # The common case, kept lean (it runs once per streamed call): a first read whose
             # first event is one data line that already carries content.
             end = data.find(b"\n\n")
@@ -183,6 +186,7 @@ class OpenAIFirstToken(FirstToken):
     finish reason. A role-only delta, an empty content string and a usage-only chunk do not."""
 
     __slots__ = ()
+    compact_content = True
 
     def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
         choices = payload.get("choices")
@@ -229,6 +233,40 @@ class AnthropicFirstToken(FirstToken):
                 return False
             return block.get("type") != "text" or bool(block.get("text"))
         return kind in ("message_delta", "message_stop")
+
+
+_RESPONSES_HELD = frozenset({"response.created", "response.in_progress", "response.queued",
+                             "response.content_part.added", "response.output_item.added"})
+
+
+class ResponsesFirstToken(FirstToken):
+    """OpenAI's Responses event stream (a provider with ``responses: true`` on ``/v1/responses``):
+    ``response.created``, ``response.in_progress``, an empty ``output_item.added`` or
+    ``content_part.added`` are held; a text, refusal, reasoning or function-call delta, a function
+    call's item, or ``response.completed`` commits. ``response.failed`` and ``error`` are failures."""
+
+    __slots__ = ()
+
+    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+        kind = payload.get("type")
+        if kind == "response.output_item.added":
+            item = payload.get("item")
+            return isinstance(item, dict) and item.get("type") not in (None, "message")
+        return isinstance(kind, str) and kind not in _RESPONSES_HELD
+
+    def _event(self, event: bytes) -> Verdict:
+        verdict = super()._event(event)
+        if verdict is COMMITTED and b'"response.failed"' in event:
+            failed = orjson.loads(_data(event))
+            error = (failed.get("response") or {}).get("error") or {}
+            found = error_of({"error": error if isinstance(error, dict) and error else {"message": "failed"}})
+            assert found is not None
+            return UpstreamError(*found, orjson.dumps({"error": error}))
+        return verdict
+
+
+def _data(event: bytes) -> bytes:
+    return b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
 
 
 def error_of(payload: dict[str, Any]) -> tuple[int | None, str, str] | None:

@@ -38,6 +38,8 @@ class OpenAIAdapter:
     def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
         body = upstream_body(target, call)
         headers = {"content-type": "application/json"}
+        if provider.headers:
+            headers.update(provider.headers)
         if provider.api_key:
             headers["authorization"] = f"Bearer {provider.api_key}"
         return UpstreamRequest("POST", provider.base_url + PATHS[call.op], headers, orjson.dumps(body))

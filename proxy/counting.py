@@ -1,0 +1,122 @@
+"""``POST /v1/messages/count_tokens``: Anthropic's token counter, for the clients that call it.
+
+Claude Code and the ``anthropic`` SDK's ``messages.count_tokens`` ask before they
+send. The route is planned as a Messages request would be, and the first
+Anthropic target in that order answers (the body goes as it is, model swapped);
+a failover-safe failure moves on to the next Anthropic target. When the route
+has none (or none answered), the answer is an estimate from the text
+(characters / 4, the same rule the context-window check uses), marked as one:
+``"estimated": true`` in the body and ``x-token-count: estimate``.
+
+This is not routed traffic: no figure, breaker or ledger row is fed by it (a
+count is not an answer, and its speed says nothing about the model's).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from .classify import classify_status
+from .config import Provider, Target
+from .errors import ClientError
+from .gateway import Gateway
+from .providers.anthropic_reverse import openai_error_to_anthropic
+from .replies import JSON, request_id
+from .request import CHARS_PER_TOKEN, parse_call, read_body
+from .routing.plan import Ask, plan
+
+__all__ = ["count_tokens", "estimate_input_tokens"]
+
+log = logging.getLogger("firstbyte")
+
+MAX_ANSWER = 64 * 1024
+_NOT_TEXT = frozenset({"type", "role", "id", "tool_use_id", "cache_control"})  # keys, not content
+
+
+def _size(value: Any) -> int:
+    """Characters of text in a Messages body part, tool schemas included (they count as input)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_size(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_size(v) for k, v in value.items() if k not in _NOT_TEXT)
+    return 0
+
+
+def estimate_input_tokens(body: dict[str, Any]) -> int:
+    """An estimate of a Messages request's input tokens: characters / 4, at least 1."""
+    chars = _size(body.get("system")) + _size(body.get("messages")) + _size(body.get("tools"))
+    return max(1, chars // CHARS_PER_TOKEN)
+
+
+def count_tokens(gw: Gateway) -> Any:
+    async def handle_count_tokens(request: web.Request) -> web.StreamResponse:
+        rid = request_id(request)
+        config = gw.config
+        try:
+            raw = await read_body(request, config.max_body_bytes)
+            call, model = parse_call("messages", raw)
+            planned = plan(config, Ask(rid, model, request.headers.get("x-route-provider"), op="messages"),
+                           gw.state, gw.clock(), gw.rng(model), explore=False)
+        except ClientError as exc:
+            return _reply(exc.status, openai_error_to_anthropic(exc.status, exc.body()), rid)
+        reasons = []
+        for target in planned.targets:
+            provider = config.providers[target.provider]
+            if provider.kind != "anthropic":
+                continue
+            answer = await _ask_anthropic(gw, provider, target, call.body, request.headers.get("anthropic-beta"))
+            if isinstance(answer, str):
+                reasons.append(f"{target.name} ({answer})")
+                continue
+            status, body = answer
+            return _reply(status, body, rid, {"x-token-count": f"anthropic {target.name}"})
+        why = "; ".join(reasons) if reasons else "no Anthropic target in the route"
+        body = orjson.dumps({"input_tokens": estimate_input_tokens(call.body), "estimated": True})
+        return _reply(200, body, rid, {"x-token-count": f"estimate ({why})"[:300]})
+
+    return handle_count_tokens
+
+
+async def _ask_anthropic(gw: Gateway, provider: Provider, target: Target, body: dict[str, Any],
+                         beta: str | None) -> tuple[int, bytes] | str:
+    """Anthropic's own count: (status, body) to answer with, or why to move on."""
+    session = gw.session
+    if session is None:
+        return "not started"
+    headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
+    if provider.headers:
+        headers.update(provider.headers)
+    if provider.api_key:
+        headers["x-api-key"] = provider.api_key
+    if beta:
+        headers["anthropic-beta"] = beta
+    upstream_body = orjson.dumps({**body, "model": target.model})
+    timeout = aiohttp.ClientTimeout(total=provider.timeouts.first_chunk, sock_connect=provider.timeouts.connect)
+    started = time.monotonic()
+    try:
+        async with session.post(provider.base_url + "/messages/count_tokens", data=upstream_body,
+                                headers=headers, timeout=timeout, allow_redirects=False) as resp:
+            answer = await resp.content.read(MAX_ANSWER)
+            status = resp.status
+            retry = resp.headers
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        return f"{type(exc).__name__} after {time.monotonic() - started:.2f}s"
+    if 200 <= status < 300:
+        return status, answer
+    outcome = classify_status(status, retry, False)
+    if not outcome.failover:  # the client's own mistake: Anthropic's error, as it is
+        return status, answer
+    return outcome.word
+
+
+def _reply(status: int, body: bytes, rid: str, extra: dict[str, str] | None = None) -> web.Response:
+    headers = {"x-request-id": rid, **(extra or {})}
+    return web.Response(body=body, status=status, content_type=JSON, headers=headers)

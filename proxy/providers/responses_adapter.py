@@ -1,0 +1,171 @@
+"""``/v1/responses`` adapters: as it is to targets that speak it, translated to the rest.
+
+- :class:`PassthroughResponses` (``kind: openai`` with ``responses: true``): the
+  body goes to ``{base_url}/responses`` with only the model swapped; the stream
+  is counted by :class:`ResponsesUsageTap` on its way through.
+- :class:`TranslatedResponses` wraps any kind's chat adapter (``openai``,
+  ``azure``, ``simulated``, ``anthropic``): the request becomes a chat
+  completion (``responses.responses_to_chat``), the inner adapter builds the
+  call and reads the answer into the OpenAI chat shape as it does for
+  ``/v1/chat/completions``, and that is reshaped as a Response, streamed event
+  by event. Errors stay in the OpenAI shape, which is also the Responses API's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import orjson
+
+from ..config import Provider, Target
+from ..errors import StreamError
+from .anthropic_wire import TranslationError
+from .base import Adapter, Call, StreamTranslator, UpstreamRequest
+from .first_token import FirstToken, ResponsesFirstToken
+from .openai import OpenAIAdapter
+from .responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, responses_to_chat
+from .taps import _Framer
+
+__all__ = ["PassthroughResponses", "ResponsesUsageTap", "TranslatedResponses"]
+
+_TERMINAL = (b'"response.completed"', b'"response.failed"', b'"response.incomplete"')
+_SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
+
+
+class ResponsesUsageTap:
+    """Count a Responses stream relayed as it is: done at its terminal event, whose
+    ``response.usage`` holds the counts; an ``error`` event fails the stream."""
+
+    def __init__(self) -> None:
+        self.usage: dict[str, int] | None = None
+        self.done = False
+        self._framer = _Framer()
+        self._last = b""
+
+    def feed(self, data: bytes) -> bytes:
+        block = self._framer.complete(data)
+        if block:
+            self._last = block
+        if any(marker in block for marker in _TERMINAL):
+            self.done = True
+            self._count(block)
+        elif b'"type":"error"' in block or b'"type": "error"' in block:
+            exc = ResponsesStreamError("the upstream's Responses stream sent an error event")
+            exc.partial = block  # the upstream's own error event is the client's to see
+            raise exc
+        return block
+
+    def finish(self) -> bytes:
+        return self._framer.rest()
+
+    def error_event(self, message: str) -> bytes:
+        """An ``error`` event numbered after the last one relayed."""
+        found = _SEQUENCE.findall(self._last)
+        seq = int(found[-1]) + 1 if found else 0
+        event = {"type": "error", "code": "stream_interrupted", "message": message, "param": None,
+                 "sequence_number": seq}
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+    def _count(self, block: bytes) -> None:
+        for line in block.split(b"\n"):
+            if not line.startswith(b"data:") or b'"usage"' not in line:
+                continue
+            try:
+                payload = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                continue
+            usage = ((payload.get("response") or {}) if isinstance(payload, dict) else {}).get("usage")
+            if isinstance(usage, dict):
+                prompt = usage.get("input_tokens") or 0
+                completion = usage.get("output_tokens") or 0
+                self.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                              "total_tokens": prompt + completion}
+
+
+class PassthroughResponses(OpenAIAdapter):
+    """An OpenAI provider that serves the Responses API itself (``responses: true``)."""
+
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
+        return ResponsesUsageTap() if call.stream else None
+
+    def first_token(self, call: Call) -> FirstToken:
+        return ResponsesFirstToken()  # the upstream streams Responses events, not chat chunks
+
+
+class _Chained:
+    """The inner adapter's stream translator (its answer in the chat shape), then ours."""
+
+    def __init__(self, inner: StreamTranslator | None, outer: ChatStreamToResponses) -> None:
+        self.inner = inner
+        self.outer = outer
+        self.done = False
+        self.usage: dict[str, int] | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        if self.inner is not None:
+            try:
+                data = self.inner.feed(data)
+            except StreamError as exc:
+                exc.partial = self._partial(exc.partial)
+                raise
+        out = self.outer.feed(data)
+        self.done, self.usage = self.outer.done, self.outer.usage
+        return out
+
+    def finish(self) -> bytes:
+        finish = getattr(self.inner, "finish", None)
+        out = self.outer.feed(finish()) if finish is not None else b""
+        out += self.outer.finish()
+        self.done, self.usage = self.outer.done, self.outer.usage
+        return out
+
+    def error_event(self, message: str) -> bytes:
+        return self.outer.error_event(message)
+
+    def _partial(self, chat: bytes) -> bytes:
+        try:
+            return self.outer.feed(chat)
+        except StreamError as exc:
+            return exc.partial
+
+
+class TranslatedResponses:
+    """``/v1/responses`` to a target that speaks only chat completions (of any kind)."""
+
+    def __init__(self, inner: Adapter, *, reasoning: bool = True, json_format: bool = True) -> None:
+        self.inner = inner
+        self.reasoning = reasoning  # the kind takes reasoning_effort (OpenAI-compatible ones do)
+        self.json_format = json_format  # the kind's chat API honours response_format
+
+    def _chat(self, call: Call, model: str) -> Call:
+        if not self.json_format and ((call.body.get("text") or {}).get("format") or {}).get("type") in (
+                "json_schema", "json_object"):
+            raise TranslationError("text.format JSON output has no equivalent in this target's API; "
+                                   "route it to an OpenAI-compatible target")
+        chat = responses_to_chat(call.body, model, reasoning=self.reasoning)
+        return replace(call, op="chat", body=chat, wants_usage=True)
+
+    def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
+        return self.inner.build(provider, target, self._chat(call, target.model))
+
+    def is_context_overflow(self, status: int, body: bytes) -> bool:
+        return self.inner.is_context_overflow(status, body)
+
+    def error_body(self, status: int, body: bytes) -> bytes:
+        return self.inner.error_body(status, body)
+
+    def client_error(self, call: Call, status: int, body: bytes) -> bytes:
+        return self.inner.client_error(replace(call, op="chat"), status, body)
+
+    def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
+        chat = self.inner.translate_body(replace(call, op="chat"), target, body)
+        return orjson.dumps(chat_to_response(orjson.loads(chat), call.body, target.model))
+
+    def first_token(self, call: Call) -> FirstToken:
+        return self.inner.first_token(replace(call, op="chat"))  # the upstream speaks its chat stream
+
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
+        chat_call = replace(call, op="chat", wants_usage=True)
+        return _Chained(self.inner.stream_translator(chat_call, target),
+                        ChatStreamToResponses(call.body, target.model))

@@ -1,0 +1,96 @@
+"""The ``firstbyte`` command as a newcomer meets it: --version, help with defaults, and one clear
+line (no traceback) for a busy port, a missing ledger, a bad --since or a YAML syntax error."""
+
+from __future__ import annotations
+
+import configparser
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def firstbyte(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True,
+                          timeout=30, check=False, cwd=cwd)
+
+
+def one_line_error(run: subprocess.CompletedProcess[str]) -> str:
+    assert run.returncode == 1, run
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    return lines[0]
+
+
+def test_version_is_the_package_version() -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    run = firstbyte("--version")
+    assert run.returncode == 0 and run.stdout.strip() == f"firstbyte {cfg['metadata']['version']}"
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        pytest.param("serve", ["run the gateway", "(default: routes.yaml)", "--listen"], id="serve"),
+        pytest.param("check", ["validate a routes file", "(default: routes.yaml)"], id="check"),
+        pytest.param("explain", ["the order a request", "(default: http://127.0.0.1:8080)"], id="explain"),
+        pytest.param("simulate", ["simulated provider", "(default: 9000)", "(default: 120.0)"], id="simulate"),
+        pytest.param("decisions", ["summarise the decision ledger", "(default: firstbyte.db)"], id="decisions"),
+    ],
+)
+def test_subcommand_help_has_a_description_and_defaults(command: str, shown: list[str]) -> None:
+    run = firstbyte(command, "--help")
+    assert run.returncode == 0
+    text = " ".join(run.stdout.split())
+    for piece in shown:
+        assert piece in text, (piece, run.stdout)
+
+
+def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        config = tmp_path / "routes.yaml"
+        config.write_text("providers: {sim: {kind: simulated}}\n"
+                          "routes: {chat: {targets: [{provider: sim, model: s}]}}\n")
+        run = firstbyte("--log-level", "error", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}")
+    line = one_line_error(run)
+    assert line == (f"firstbyte serve: cannot listen on 127.0.0.1:{port}: the address is already in use "
+                    "(another firstbyte? pick another with --listen/--port)")
+
+
+def test_a_busy_port_for_simulate_is_one_line() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        run = firstbyte("--log-level", "error", "simulate", "--port", str(port))
+    assert "already in use" in one_line_error(run)
+
+
+def test_a_missing_ledger_is_one_line(tmp_path: Path) -> None:
+    line = one_line_error(firstbyte("decisions", "--ledger", str(tmp_path / "none.db")))
+    assert line.startswith(f"firstbyte decisions: no ledger at {tmp_path / 'none.db'}")
+    assert not (tmp_path / "none.db").exists()  # asking does not create one
+
+
+@pytest.mark.parametrize("since", ["1x", "abc", "-5m"])
+def test_a_bad_since_is_one_line(tmp_path: Path, since: str) -> None:
+    line = one_line_error(firstbyte("decisions", "--ledger", str(tmp_path / "l.db"), f"--since={since}"))
+    assert line.startswith(f"firstbyte decisions: --since {since!r}")
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text("routes:\n  chat: {targets: [\n")
+    run = firstbyte("check", "--config", str(config))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert f"{config}:3:1: not valid YAML: expected the node content" in run.stderr
+    assert "<unicode string>" not in run.stderr
