@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 import aiohttp
 
-from .classify import BUSY, Outcome, classify_exception, classify_status
+from .classify import BUSY, INVALID_BODY, Outcome, classify_exception, classify_status, is_json_object
 from .config import Config, Provider, Route, Target
 from .deadlines import Deadlines, Expired
 from .errors import error_body, error_type
@@ -253,6 +253,10 @@ class Walker:
 
             now = self.clock()
             status = upstream.status
+            if ok and not call.stream and not is_json_object(first):
+                self._failed(result, route, target, ts, INVALID_BODY, started)  # not the success it claims
+                verdict = True
+                return INVALID_BODY
             if ok:
                 ttfc = now - started
                 state.tracker.record(target.key, ttfc, now)

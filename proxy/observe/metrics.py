@@ -60,6 +60,7 @@ OUTCOME_WORDS = frozenset(
         "cooldown",
         "untranslatable",
         "oversized",
+        "invalid",
         "error",
     }
 )
