@@ -24,7 +24,7 @@ from .ops import add_ops_routes, explain, health, models
 from .providers.anthropic_reverse import openai_error_to_anthropic
 from .relay import forward_headers, relay_stream
 from .replies import GATEWAY, JSON, error_response, new_id
-from .request import estimate_tokens, parse_call, read_body
+from .request import check_model, estimate_tokens, parse_call, read_body
 from .routing.decision import HEADER, Decision, header_with
 from .routing.plan import Ask, plan
 from .usage import priced, usage_of_body
@@ -71,6 +71,8 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
 async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange) -> web.StreamResponse:
     raw = await read_body(request, config.max_body_bytes)
     call, model = parse_call(ex.op, raw, request.headers.get("anthropic-beta"))
+    if model not in config.routes:
+        check_model(model)  # it becomes the decision's route field: nothing that breaks the grammar
     ex.stream = call.stream
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
     ask = Ask(new_id(), model, request.headers.get("x-route-provider"), tokens, op=ex.op)
@@ -186,7 +188,8 @@ def _presented_key(request: web.Request) -> str | None:
 
 
 def _key_accepted(request: web.Request, keys: Iterable[str]) -> bool:
-    presented = (_presented_key(request) or "").encode()
+    # aiohttp decodes header bytes that are not UTF-8 with surrogates: encode them back, not fail.
+    presented = (_presented_key(request) or "").encode("utf-8", "surrogateescape")
     ok = False
     for key in keys:  # compare against every key: the time says nothing about which matched
         ok |= hmac.compare_digest(presented, key.encode())
