@@ -13,6 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -24,6 +25,9 @@ from .scrub import Scrubber
 from .state import State
 from .transport import HttpTransport, SimTransport
 from .walk import Walker
+
+if TYPE_CHECKING:
+    from .listener import Guard
 
 log = logging.getLogger("firstbyte")
 
@@ -52,6 +56,7 @@ class Gateway:
         self.config = config
         self.sized_routes: frozenset[str] = frozenset()
         self.costs: CostRefresher | None = None
+        self.guards: list[Guard] = []  # the listeners' connection guards, for /metrics
         self.scrubber = Scrubber()  # every key of every config applied: scrubbed from upstream text
         self.apply(config)
 

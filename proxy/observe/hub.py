@@ -81,6 +81,8 @@ class Hub:
                 self.metrics.set_target_state(target.name, health.state, 0 if ts is None else ts.in_flight)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
+        for guard in gateway.guards:
+            self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()
 
     async def close(self) -> None:

@@ -138,6 +138,15 @@ class Metrics:
             registry=r,
         )
         self.ledger_dropped.set({}, 0)
+        self.connections = Gauge(
+            "firstbyte_connections", "Client connections open now, per listener.", registry=r
+        )
+        self.connections_closed = Counter(
+            "firstbyte_connections_closed_total",
+            "Client connections firstbyte cut itself, per listener and reason (header_timeout, "
+            "body_timeout, over_capacity: answered 503, refused: closed unanswered past the margin).",
+            registry=r,
+        )
         self._counts: dict[_Key, int] = {}
         self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
         self._counters = {c.name: c for c in (self.requests, self.decisions, self.failovers, self.attempts,
@@ -269,6 +278,12 @@ class Metrics:
         labels = {"target": self._target(target)}
         self.breaker_state.set(labels, state)
         self.in_flight.set(labels, in_flight)
+
+    def set_connections(self, listener: str, open_now: int, closed: dict[str, int]) -> None:
+        """A listener's open connections and the ones it cut, by reason (read at scrape time)."""
+        self.connections.set({"listener": listener}, open_now)
+        for reason, count in closed.items():
+            self.connections_closed.set({"listener": listener, "reason": reason}, count)
 
     def set_ledger_dropped(self, count: int) -> None:
         self.ledger_dropped.set({}, count)
