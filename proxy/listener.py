@@ -165,6 +165,10 @@ class GuardedHandler(RequestHandler):
         super().connection_made(transport)
         guard.conns.add(self)
         self.head_since = self._loop.time()
+        handle = self._keepalive_handle
+        if handle is not None:  # aiohttp's idle timer on a new connection: the head deadline is ours
+            handle.cancel()
+            self._keepalive_handle = None
         if count >= guard.hard_max:  # past the margin too: close before it costs more
             guard.closed["refused"] += 1
             self.force_close()
