@@ -121,7 +121,8 @@ async def test_past_the_margin_a_connection_is_closed_unanswered(guarded):
     [
         pytest.param(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", id="content-length-and-chunked"),
-        pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", id="oversized-header"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n",
+                     id="oversized-header"),
         pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header Name: 1\r\n\r\n", id="bad-header-name"),
         pytest.param(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 TLS hello\r\n\r\n", id="tls-to-http"),
     ],
