@@ -76,6 +76,7 @@ class ClientError(FirstbyteError):
         self.type = type
         self.code = code
         self.param = param
+        self.close_connection = False  # answer with Connection: close (the request was not read whole)
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)

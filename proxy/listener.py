@@ -13,10 +13,16 @@ real requests get empty replies; and it answers its own parser's errors
   ``body_timeout`` after that (a 408 in the OpenAI shape; a stalled head is
   answered 408 and closed);
 - a connection may idle ``keepalive_timeout`` between requests (aiohttp's own timer);
-- past ``max`` open connections a new one is answered 503 and closed, with a
-  one-second head deadline; past ``max`` plus a margin it is closed unanswered,
-  so descriptors never run out; ``max`` is also held under what RLIMIT_NOFILE
-  allows (two descriptors per client: its own and an upstream's).
+- past ``max`` open connections a new one has one second to send its request
+  head, which is answered 503 in the OpenAI shape (a real request in a flood
+  gets an answer, not an empty reply), and is then closed; ``max`` is held
+  under what RLIMIT_NOFILE allows, two descriptors per client (its own and an
+  upstream's), so the connections past it, which never reach an upstream,
+  have the other half to live their second in. At ``max`` plus half again,
+  a new connection evicts the one that has waited longest for its head (a
+  slow client's, not a real request's), and only when none is waiting is the
+  newcomer closed unanswered: a flood of idle connections cannot lock real
+  requests out, nor run the descriptors out.
 
 No timer is armed per request: a connection stamps when its head and body
 phases began, and one sweeper task per listener looks at every connection a few
@@ -46,7 +52,7 @@ log = logging.getLogger("firstbyte")
 OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to ask, then its 503
 FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 JSON = "application/json"
-CLOSE_REASONS = ("header_timeout", "body_timeout", "over_capacity", "refused")
+CLOSE_REASONS = ("header_timeout", "body_timeout", "over_capacity", "evicted", "refused")
 
 
 def raise_fd_limit() -> int:
@@ -60,11 +66,12 @@ def raise_fd_limit() -> int:
 
 
 def fd_budget() -> int:
-    """Client connections the descriptor limit can carry, each with one upstream connection."""
+    """Client connections the descriptor limit can carry: each with one upstream connection, plus
+    half as many again waiting past the cap (one descriptor each)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return 1 << 30
-    return max(1, (soft - FD_RESERVE) // 2)
+    return max(1, (soft - FD_RESERVE) * 2 // 5)
 
 
 class Guard:
@@ -74,7 +81,7 @@ class Guard:
         self.limits = limits
         self.name = name
         self.max = min(limits.max, fd_budget())
-        self.hard_max = self.max + max(16, self.max // 8)
+        self.hard_max = self.max + max(8, self.max // 2)
         self.conns: set[GuardedHandler] = set()
         self.closed: dict[str, int] = dict.fromkeys(CLOSE_REASONS, 0)
         shortest = min(limits.header_timeout, limits.body_timeout, OVER_CAPACITY_HEAD_TIMEOUT)
@@ -101,6 +108,21 @@ class Guard:
         while True:
             await asyncio.sleep(self.interval)
             self.sweep(loop.time())
+
+    def make_room(self) -> bool:
+        """At the hard limit: close the connection that has waited longest for a request head."""
+        oldest: GuardedHandler | None = None
+        for conn in self.conns:
+            since = conn.head_since
+            if since is not None and (oldest is None or since < oldest.head_since):  # type: ignore[operator]
+                oldest = conn
+        if oldest is None:
+            return False
+        self.closed["evicted"] += 1
+        self.conns.discard(oldest)
+        oldest.head_since = None
+        oldest.force_close()
+        return True
 
     def sweep(self, now: float) -> int:
         """Act on every connection past a deadline; how many there were."""
@@ -158,10 +180,11 @@ class GuardedHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
-        count = len(guard.conns)
-        if count >= guard.max:
-            self.over = True
-            self._request_handler = _over_capacity  # this connection only; nothing per request
+        if len(guard.conns) >= guard.hard_max and not guard.make_room():
+            guard.closed["refused"] += 1
+            transport.close()  # every connection is busy with a real request: no room, no answer
+            return
+        over = len(guard.conns) >= guard.max
         super().connection_made(transport)
         guard.conns.add(self)
         self.head_since = self._loop.time()
@@ -169,13 +192,14 @@ class GuardedHandler(RequestHandler):
         if handle is not None:  # aiohttp's idle timer on a new connection: the head deadline is ours
             handle.cancel()
             self._keepalive_handle = None
-        if count >= guard.hard_max:  # past the margin too: close before it costs more
-            guard.closed["refused"] += 1
-            self.force_close()
-        elif self.over:
+        if over:
+            self.over = True
+            self._request_handler = _over_capacity  # this connection only; nothing per request
             guard.closed["over_capacity"] += 1
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self not in self._guard.conns:
+            return  # refused in connection_made: aiohttp never saw it
         self._guard.conns.discard(self)
         self.body = None
         super().connection_lost(exc)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from .bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS
+from .bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
 from .errors import ClientError
+from .memory import trim
 from .providers.base import Call
 
 CHARS_PER_TOKEN = 4  # a deliberately rough estimate: only used against declared context windows
@@ -31,6 +33,14 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     the strength of its small ``Content-Length``. A body that cannot be decoded,
     or an encoding we do not speak, is a 400; one too slow to arrive, a 408.
     """
+    try:
+        return await _read_body(request, limit)
+    except ClientError as exc:
+        exc.close_connection = True  # the rest of the body is unread: this connection cannot carry another
+        raise
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise _too_large(length, limit)
@@ -42,12 +52,19 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             raise ClientError(400, f"Content-Encoding {encoding[:40]!r} is not supported: send the body "
                               "as it is, or gzip or deflate it.", code="unsupported_encoding")
         parts: list[bytes] = []
-        size = 0
+        size = unyielded = 0
         while data := await request.content.readany():
             size += len(data)
             if size > limit:
+                if encoding is not None:
+                    parts.clear()
+                    trim()  # a compressed bomb's inflated megabytes go back to the system
                 raise _too_large(size, limit)
             parts.append(data)
+            unyielded += len(data)
+            if unyielded >= YIELD_EVERY:  # inflated from bytes already here: give the loop a turn
+                unyielded = 0
+                await asyncio.sleep(0)
         return b"".join(parts)
     except web.RequestPayloadError as exc:
         raise ClientError(400, f"Request body cannot be read: {_payload_problem(exc)}.",

@@ -58,7 +58,10 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
         decision = getattr(exc, "decision", None)
         ex.decision = decision.but(status=exc.status) if decision is not None else None
         ex.status = exc.status
-        return error_response(exc.status, exc.body(), ex.decision, new_id())
+        response = error_response(exc.status, exc.body(), ex.decision, new_id())
+        if exc.close_connection:
+            response.force_close()
+        return response
     finally:
         end = gw.clock()
         gw.finished(  # positional: this runs for every request (the field order is Finished's)

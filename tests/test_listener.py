@@ -103,16 +103,32 @@ async def test_past_the_cap_a_connection_is_answered_503_and_the_cap_recovers(gu
 
 
 @pytest.mark.timeout(10)
-async def test_past_the_margin_a_connection_is_closed_unanswered(guarded):
+async def test_a_connection_past_the_cap_is_closed_within_a_second_even_if_it_says_nothing(guarded):
     guard = guarded.gateway.guards[0]
-    held = [await asyncio.open_connection("127.0.0.1", guarded.port) for _ in range(guard.hard_max)]
+    held = [await asyncio.open_connection("127.0.0.1", guarded.port) for _ in range(guard.max)]
     await asyncio.sleep(0.05)
-    assert guard.open == guard.hard_max
     reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
-    data, _ = await closed_within(reader, 1)
-    assert data == b""
-    assert guard.closed["refused"] == 1 and guard.closed["over_capacity"] == guard.hard_max - guard.max
+    data, took = await closed_within(reader, 3)
+    assert data.startswith(b"HTTP/1.1 408")  # it never asked
+    assert took < 1.5
+    assert guard.closed["over_capacity"] == 1
     for _, w in [*held, (reader, writer)]:
+        w.close()
+
+
+@pytest.mark.timeout(10)
+async def test_at_the_hard_limit_a_new_connection_evicts_the_longest_idle_one(guarded):
+    guard = guarded.gateway.guards[0]
+    held = []
+    for _ in range(guard.hard_max):
+        held.append(await asyncio.open_connection("127.0.0.1", guarded.port))
+        await asyncio.sleep(0.005)  # the first one has waited longest
+    await asyncio.sleep(0.05)
+    status, _, body = await exchange(guarded.port, post_head(len(CHAT)), CHAT)
+    assert_openai_error(status, body, 503, "too_many_connections")  # an answer, not an empty reply
+    data, _ = await closed_within(held[0][0], 1)
+    assert data == b"" and guard.closed["evicted"] >= 1
+    for _, w in held:
         w.close()
 
 

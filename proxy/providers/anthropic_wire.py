@@ -15,6 +15,7 @@ import orjson
 
 from ..bounds import MAX_EVENT_BYTES
 from ..errors import FirstbyteError, StreamError, StreamTooLarge, error_body, error_type
+from ..memory import trim
 from .tokens import token_count
 
 __all__ = [
@@ -364,6 +365,7 @@ class SseDecoder:
             del buffer[:start]
         if len(buffer) + self._size > MAX_EVENT_BYTES:
             self._buffer, self._data, self._size, self._over = bytearray(), [], 0, True
+            trim()  # see proxy/memory.py
             if not events:
                 raise StreamTooLarge(MAX_EVENT_BYTES)
         return events

@@ -19,6 +19,7 @@ import orjson
 
 from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamTooLarge
+from ..memory import trim
 from .anthropic_reverse import error_event as anthropic_error_event
 from .anthropic_wire import AnthropicStreamError, usage_from_anthropic
 from .tokens import token_count
@@ -72,9 +73,10 @@ class _Framer:
     def _hold(self, piece: bytes, partial: bytes = b"") -> None:
         self._pending.append(piece)
         self._size += len(piece)
-        self._tail = (self._tail + piece)[-2:]
+        self._tail = (self._tail + piece[-2:])[-2:]
         if self._size > MAX_EVENT_BYTES:
             self._pending, self._size, self._tail = [], 0, b""
+            trim()  # the megabytes just dropped go back to the system, not to the heap's high-water mark
             raise StreamTooLarge(MAX_EVENT_BYTES, partial)
 
     def rest(self) -> bytes:
