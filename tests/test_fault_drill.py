@@ -331,6 +331,8 @@ class Firstbyte:
 
 @pytest.fixture
 async def drill(tmp_path: Path) -> AsyncIterator[tuple[FaultUpstream, Firstbyte]]:
+    for kind in ("gzip_endless", "gzip_noend"):
+        gzip_pieces(kind)  # made once per process, before any call: a first chunk must not wait for it
     up = await FaultUpstream().start()
     fb = await Firstbyte(tmp_path, up.url).start()
     try:
