@@ -64,7 +64,9 @@ async def test_one_clients_upstream_cookie_never_rides_on_anothers_request(upstr
         return web.json_response(chat_body(), headers={"Set-Cookie": "session=client-a-only; Path=/"})
 
     up = await upstreams({"/v1/chat/completions": handle})
-    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    # By name, not by IP: aiohttp's cookie jar ignores cookies from IP addresses.
+    by_name = up.url.replace("127.0.0.1", "localhost")
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(by_name)}))
     for _ in range(2):
         status, headers, _ = await p.post("/v1/chat/completions", CHAT)
         assert status == 200
