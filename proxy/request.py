@@ -33,19 +33,11 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     the strength of its small ``Content-Length``. A body that cannot be decoded,
     or an encoding we do not speak, is a 400; one too slow to arrive, a 408.
     """
-    try:
-        return await _read_body(request, limit)
-    except ClientError as exc:
-        exc.close_connection = True  # the rest of the body is unread: this connection cannot carry another
-        raise
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
-    if length is not None and length > limit:
-        raise _too_large(length, limit)
     encoding = request.headers.get("content-encoding")
     try:
+        if length is not None and length > limit:
+            raise _too_large(length, limit)
         if encoding is None and length is not None:
             return await request.read()  # the length is known, allowed and decoded as it is: one read
         if encoding is not None and encoding.strip().lower() not in _ENCODINGS | {"identity"}:
@@ -66,11 +58,15 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
                 unyielded = 0
                 await asyncio.sleep(0)
         return b"".join(parts)
+    except ClientError as exc:
+        exc.close_connection = True  # the rest of the body is unread: this connection cannot carry another
+        raise
     except web.RequestPayloadError as exc:
-        raise ClientError(400, f"Request body cannot be read: {_payload_problem(exc)}.",
-                          code="invalid_body") from None
+        refusal = ClientError(400, f"Request body cannot be read: {_payload_problem(exc)}.", code="invalid_body")
     except BodyTimeout as exc:
-        raise ClientError(408, str(exc), type="timeout_error", code="body_timeout") from None
+        refusal = ClientError(408, str(exc), type="timeout_error", code="body_timeout")
+    refusal.close_connection = True
+    raise refusal
 
 
 def _payload_problem(exc: BaseException) -> str:
