@@ -72,7 +72,7 @@ class Service:
                     log.error("reload refused, the running config stays: %s", exc)
                     return False
                 old = self.gateway.config
-                for key in ("listen", "ops_listen", "shutdown_grace"):
+                for key in ("listen", "ops_listen", "shutdown_grace", "connections"):
                     if getattr(config, key) != getattr(old, key):
                         log.warning("%s changed: takes effect on restart", key)
                 await self.hub.reconfigure(config)
