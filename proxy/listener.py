@@ -50,6 +50,7 @@ __all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
 log = logging.getLogger("firstbyte")
 
 OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to ask, then its 503
+LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dropped this long, then close
 FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 JSON = "application/json"
 CLOSE_REASONS = ("header_timeout", "body_timeout", "over_capacity", "evicted", "refused")
@@ -168,7 +169,7 @@ async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
 class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the guard's deadlines, cap and error shape."""
 
-    __slots__ = ("_guard", "body", "body_since", "head_since", "over")
+    __slots__ = ("_guard", "body", "body_since", "closing", "head_since", "over")
 
     def __init__(self, manager: web.Server, guard: Guard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -177,6 +178,7 @@ class GuardedHandler(RequestHandler):
         self.body: StreamReader | None = None  # the body being received, until it is whole
         self.body_since = 0.0
         self.over = False
+        self.closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
@@ -205,6 +207,8 @@ class GuardedHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # answered 408 already: dropped until the linger ends
         super().data_received(data)
         messages = self._messages
         if messages:  # a whole request head arrived
@@ -217,15 +221,24 @@ class GuardedHandler(RequestHandler):
             self.head_since = self._loop.time()  # the first byte of the next request
 
     def head_timed_out(self, limit: float) -> None:
-        """No whole request head in time: say so (408) and close."""
+        """No whole request head in time: say so (408), then close.
+
+        The write side is shut first and what the client still sends is read and dropped for a
+        moment (``LINGER``): closing with its bytes unread would send a reset that can destroy the
+        408 before the client reads it."""
         self.head_since = None
         transport = self.transport
-        if transport is not None and not transport.is_closing():
-            body = _refusal(408, f"Request head did not arrive within {limit:g} s "
-                            "(connections.header_timeout).", "header_timeout")
-            transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-                            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        self.force_close()
+        if transport is None or transport.is_closing() or not isinstance(transport, asyncio.WriteTransport):
+            self.force_close()
+            return
+        body = _refusal(408, f"Request head did not arrive within {limit:g} s "
+                        "(connections.header_timeout).", "header_timeout")
+        transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.closing = True
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._loop.call_later(LINGER, self.force_close)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:

@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.gateway import Gateway
-from proxy.listener import Guard, GuardedRunner
+from proxy.listener import LINGER, Guard, GuardedRunner
 from proxy.observe.hub import Hub
 from proxy.ops import build_ops_app
 
@@ -165,7 +165,7 @@ async def test_the_ops_listener_answers_unknown_paths_in_the_openai_shape():
         await runner.cleanup()
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(15)
 async def test_connections_and_their_cuts_are_metrics(upstreams, proxy):
     up = await upstreams({"/v1/chat/completions": ok_handler()})
     raw = {**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}), "connections": FAST}
@@ -174,6 +174,7 @@ async def test_connections_and_their_cuts_are_metrics(upstreams, proxy):
     held = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(3)]
     await asyncio.sleep(0.6)  # past the head deadline: all three are cut
     body, _ = hub.scrape(p.gateway)
+    await asyncio.sleep(LINGER)  # the cut ones are closed after their 408 lingered
     open_now = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(2)]
     await asyncio.sleep(0.05)
     body2, _ = hub.scrape(p.gateway)
