@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import resource
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
@@ -227,8 +227,8 @@ class GuardedHandler(RequestHandler):
         moment (``LINGER``): closing with its bytes unread would send a reset that can destroy the
         408 before the client reads it."""
         self.head_since = None
-        transport = self.transport
-        if transport is None or transport.is_closing() or not isinstance(transport, asyncio.WriteTransport):
+        transport = cast(asyncio.Transport | None, self.transport)  # uvloop's is no asyncio subclass
+        if transport is None or transport.is_closing():
             self.force_close()
             return
         body = _refusal(408, f"Request head did not arrive within {limit:g} s "
