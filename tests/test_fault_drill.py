@@ -640,6 +640,7 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
     fds0, rss0 = fb.fds(), fb.rss_mb()
 
     refused = 0  # answered with an error before streaming (a first chunk over 0.5 s on a loaded machine)
+    why: Counter[str] = Counter()
 
     async def leave(i: int) -> None:
         nonlocal refused
@@ -652,10 +653,12 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
                 status = await asyncio.wait_for(reader.readline(), 20)
                 if b" 200 " not in status:  # an OpenAI-shape error; the connection stays open
                     refused += 1
+                    why[status.strip().decode(errors="replace")[:40] or "closed"] += 1
                     return
                 await asyncio.wait_for(reader.readuntil(b"data: "), 20)
             except asyncio.IncompleteReadError:
                 refused += 1
+                why["cut before streaming"] += 1
         finally:
             if i % 2:
                 rst(writer)  # half reset, half close politely
@@ -670,7 +673,8 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
     fds1, rss1 = fb.fds(), fb.rss_mb()
     async with aiohttp.ClientSession() as session, session.get(fb.url + "/v1/health") as resp:
         in_flight = sum(t["in_flight"] for t in (await resp.json())["targets"])
-    record(f"2000 clients left mid-stream ({refused} got an error before streaming): "
+    record(f"2000 clients left mid-stream ({refused} got an error before streaming{': ' if why else ''}"
+           f"{', '.join(f'{k} {v}' for k, v in why.items())}): "
            f"firstbyte fds {fds0} -> peak {peak} -> {fds1}; "
            f"RSS {rss0:.1f} -> {rss1:.1f} MB; upstream connections open {up.open}; in flight {in_flight}")
     assert refused <= 100, "most clients must have been streaming when they left"
