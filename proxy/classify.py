@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 
+from .errors import StreamTooLarge
 from .providers.first_token import Ended, UpstreamError
 from .state.limiter import Busy
 from .transport import BodyTooLarge
@@ -34,6 +36,27 @@ class Outcome:
 
 
 BUSY = Outcome("busy", True, 503, "provider concurrency limit and queue are full", counts=False)
+# A buffered 2xx whose body is not a JSON object (an HTML page, a cut body): the upstream failed,
+# so it fails over and counts, and the breaker hears a failure, not the success its status claims.
+INVALID_BODY = Outcome("invalid body", True, 502, "upstream answered 2xx with a body that is not a JSON object")
+
+
+_OBJECT_START = re.compile(rb"\s*\{")
+FULL_JSON_CHECK = 1024 * 1024  # bodies up to this are parsed (a few microseconds per KB); larger ones framed only
+
+
+def is_json_object(body: bytes) -> bool:
+    """A buffered answer that can be relayed: a JSON object (every API firstbyte speaks answers one).
+
+    A body up to ``FULL_JSON_CHECK`` is parsed; a larger one is only checked to start
+    with ``{`` and end with ``}``, which catches HTML pages and cut bodies without
+    parsing megabytes on the loop."""
+    if len(body) <= FULL_JSON_CHECK:
+        try:
+            return isinstance(orjson.loads(body), dict)
+        except orjson.JSONDecodeError:
+            return False
+    return _OBJECT_START.match(body) is not None and body[-64:].rstrip().endswith(b"}")
 
 
 def fails_over(status: int) -> bool:
@@ -78,7 +101,7 @@ def classify_exception(exc: BaseException) -> Outcome:
         return Outcome("dns", True, 502, f"cannot resolve upstream host: {exc}")
     if isinstance(exc, aiohttp.ClientConnectorError):
         return Outcome("refused", True, 502, f"cannot connect to upstream: {exc.os_error}")
-    if isinstance(exc, BodyTooLarge):
+    if isinstance(exc, BodyTooLarge | StreamTooLarge):
         return Outcome("oversized", True, 502, str(exc))
     if isinstance(exc, aiohttp.ClientError | OSError):
         return Outcome("reset", True, 502, f"upstream connection failed: {type(exc).__name__}")

@@ -12,13 +12,16 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yarl import URL
 
+from .bounds import MAX_YAML_DEPTH, MAX_YAML_NODES
 from .errors import ConfigError
 
 KINDS = ("openai", "anthropic", "simulated", "azure")
@@ -190,6 +193,21 @@ class Clients:
 
 
 @dataclass(frozen=True, slots=True)
+class Connections:
+    """Client connections on the listeners: how long one may take, and how many may be open.
+
+    A connection has ``header_timeout`` from its opening (or from the first byte of its next
+    request) to send a whole request head, and ``body_timeout`` from then to send the body;
+    between requests it may idle ``keepalive_timeout``. Beyond ``max`` open connections a new
+    one is answered 503 and closed. They take effect on restart, like ``listen``."""
+
+    max: int = 4096
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    keepalive_timeout: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     listen: str = "127.0.0.1:8080"
     ops_listen: str | None = None
@@ -200,6 +218,7 @@ class Config:
     ledger: Ledger = Ledger()
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_grace: float = 30.0
+    connections: Connections = Connections()
     source: str = "<memory>"
 
     @property
@@ -232,7 +251,7 @@ class _Reader:
             return {}
         for key in value:
             if key not in allowed:
-                self.problem(f"{path}.{key}", f"unknown key (expected one of: {', '.join(allowed)})")
+                self.problem(f"{path}.{_key(key)}", f"unknown key (expected one of: {', '.join(allowed)})")
         return value
 
     def number(
@@ -253,16 +272,16 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int | float) or (
             integer and not isinstance(value, int)
         ):
-            self.problem(f"{path}.{key}", f"expected {kind}, got {value!r}")
+            self.problem(f"{path}.{key}", f"expected {kind}, got {_show(value)}")
             return default
         if not math.isfinite(value):
-            self.problem(f"{path}.{key}", f"expected a finite number, got {value!r}")
+            self.problem(f"{path}.{key}", f"expected a finite number, got {_show(value)}")
             return default
         if low is not None and value < low:
-            self.problem(f"{path}.{key}", f"must be at least {low}, got {value!r}")
+            self.problem(f"{path}.{key}", f"must be at least {low}, got {_show(value)}")
             return default
         if high is not None and value > high:
-            self.problem(f"{path}.{key}", f"must be at most {high}, got {value!r}")
+            self.problem(f"{path}.{key}", f"must be at most {high}, got {_show(value)}")
             return default
         return value
 
@@ -278,10 +297,10 @@ class _Reader:
         if value is None:
             return None
         if not isinstance(value, str):
-            self.problem(f"{path}.{key}", f"expected a string, got {value!r}")
+            self.problem(f"{path}.{key}", f"expected a string, got {_show(value)}")
             return default
         if choices is not None and value not in choices:
-            self.problem(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {value!r}")
+            self.problem(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {_show(value)}")
             return default
         return value
 
@@ -349,7 +368,9 @@ _TOP_KEYS = (
     "routes",
     "max_body_bytes",
     "shutdown_grace",
+    "connections",
 )
+_CONNECTION_KEYS = ("max", "header_timeout", "body_timeout", "keepalive_timeout")
 
 
 def parse_simulate(r: _Reader, raw: Any, path: str) -> Simulate:
@@ -379,9 +400,16 @@ def _provider(r: _Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provid
     base_url = r.string(data, "base_url", path, "")
     if kind != "simulated" and not base_url:
         r.problem(f"{path}.base_url", f"required for kind {kind}")
-    elif base_url and not base_url.startswith(("http://", "https://")):
-        r.problem(f"{path}.base_url", f"must start with http:// or https://, got {base_url!r}")
+    elif base_url:
+        problem = _url_problem(base_url)
+        if problem:
+            r.problem(f"{path}.base_url", f"{problem}, got {_show(base_url)}")
     key_env = r.string(data, "api_key_env", path, None)
+    api_key = env.get(key_env) if key_env else None
+    if api_key and not _HEADER_SAFE.fullmatch(api_key):
+        # Never the value: only that it would split the upstream request's headers.
+        r.problem(f"{path}.api_key_env", f"environment variable {key_env} holds a character other than "
+                  "printable ASCII (a CR/LF would split the upstream request's headers); remove it")
     tdata = r.mapping(data.get("timeouts"), f"{path}.timeouts", _TIMEOUT_KEYS)
     td = Timeouts()
     timeouts = Timeouts(
@@ -402,7 +430,7 @@ def _provider(r: _Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provid
         kind=kind,
         base_url=(base_url or "").rstrip("/"),
         api_key_env=key_env,
-        api_key=env.get(key_env) if key_env else None,
+        api_key=api_key,
         timeouts=timeouts,
         max_concurrent=r.number(data, "max_concurrent", path, 0, low=0, integer=True),
         queue=r.number(data, "queue", path, 0, low=0, integer=True),
@@ -452,7 +480,7 @@ def _target(r: _Reader, raw: Any, path: str, providers: Mapping[str, Provider]) 
     if provider is None:
         r.problem(f"{path}.provider", "required")
     elif provider not in providers:
-        r.problem(f"{path}.provider", f"unknown provider {provider!r}")
+        r.problem(f"{path}.provider", f"unknown provider {_show(provider)}")
     if model is None:
         r.problem(f"{path}.model", "required (the upstream model name)")
     price = None
@@ -466,7 +494,7 @@ def _target(r: _Reader, raw: Any, path: str, providers: Mapping[str, Provider]) 
             price = Price(p_in, p_out)
     name = r.string(data, "name", path, None)
     if name is not None and not _NAME.match(name):
-        r.problem(f"{path}.name", f"{name!r}: use letters, digits and . _ : / @ + - only")
+        r.problem(f"{path}.name", f"{_show(name)}: use letters, digits and . _ : / @ + - only")
     if provider is None or model is None:
         return None
     return Target(
@@ -504,10 +532,11 @@ def _route(r: _Reader, name: str, raw: Any, providers: Mapping[str, Provider]) -
         if not t.name:
             default = t.provider if counts[t.provider] == 1 else f"{t.provider}/{t.model}"
             if not _NAME.match(default):
-                r.problem(f"{path}.targets[{i}].name", f"required: default {default!r} has unsafe characters")
+                r.problem(f"{path}.targets[{i}].name", f"required: default {_show(default)} has unsafe characters")
             t = replace(t, name=default)
         if t.name in seen:
-            r.problem(f"{path}.targets[{i}].name", f"duplicate target name {t.name!r} (also targets[{seen[t.name]}])")
+            r.problem(f"{path}.targets[{i}].name",
+                      f"duplicate target name {_show(t.name)} (also targets[{seen[t.name]}])")
         seen[t.name] = i
         targets.append(t)
 
@@ -542,7 +571,7 @@ def _route(r: _Reader, name: str, raw: Any, providers: Mapping[str, Provider]) -
     for key, names in (("allow", allow), ("deny", deny)):
         for n in names:
             if n not in seen:
-                r.problem(f"{path}.{key}", f"unknown target {n!r} (targets: {', '.join(seen)})")
+                r.problem(f"{path}.{key}", f"unknown target {_show(n)} (targets: {', '.join(seen)})")
     return Route(
         name=name,
         strategy=strategy,
@@ -580,6 +609,54 @@ def _hedge(r: _Reader, raw: Any, path: str) -> Hedge | None:
     )
 
 
+def _connections(r: _Reader, raw: Any) -> Connections:
+    data = r.mapping(raw, "connections", _CONNECTION_KEYS)
+    d = Connections()
+    return Connections(
+        max=r.number(data, "max", "connections", d.max, low=1, integer=True),
+        header_timeout=r.number(data, "header_timeout", "connections", d.header_timeout, low=0.01),
+        body_timeout=r.number(data, "body_timeout", "connections", d.body_timeout, low=0.01),
+        keepalive_timeout=r.number(data, "keepalive_timeout", "connections", d.keepalive_timeout, low=0.01),
+    )
+
+
+_HEADER_SAFE = re.compile(r"[\x20-\x7e]+")
+
+
+def _url_problem(url: str) -> str | None:
+    """What makes ``url`` unusable as a provider's base URL, or None."""
+    if not url.startswith(("http://", "https://")):
+        return "must start with http:// or https://"
+    if not _HEADER_SAFE.fullmatch(url) or " " in url:
+        return "must be printable ASCII without spaces"
+    try:
+        parsed = URL(url)
+        parsed.port  # noqa: B018 - a port out of range raises here
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if not parsed.host:
+        return "has no host"
+    if parsed.user is not None or parsed.password is not None:
+        return "must not hold credentials (name the key's variable in api_key_env)"
+    if parsed.query_string or parsed.fragment:
+        return "must not have a query or fragment"
+    return None
+
+
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring, _SHOW.maxother = 2, 4, 4, 80, 80
+
+
+def _show(value: Any) -> str:
+    """A value in a problem message, bounded: an alias bomb or a megabyte string prints a few words."""
+    return _SHOW.repr(value)
+
+
+def _key(value: Any) -> str:
+    """A mapping key as it goes into a problem's path."""
+    return value if isinstance(value, str) and len(value) <= 80 else _show(value)
+
+
 def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "<memory>") -> Config:
     """Validate a loaded YAML document; raise ConfigError naming every problem."""
     env = os.environ if env is None else env
@@ -590,14 +667,14 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
     ops_listen = r.string(data, "ops_listen", "(top)", None)
     for key, value in (("listen", listen), ("ops_listen", ops_listen)):
         if value is not None and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):\d{1,5}$", value):
-            r.problem(key, f"expected HOST:PORT, got {value!r}")
+            r.problem(key, f"expected HOST:PORT, got {_show(value)}")
 
     providers: dict[str, Provider] = {}
     raw_providers = r.mapping(data.get("providers"), "providers", tuple(data.get("providers") or ()))
     if not raw_providers:
         r.problem("providers", "required: at least one provider")
     for pname, praw in raw_providers.items():
-        provider = _provider(r, str(pname), praw, env)
+        provider = _provider(r, _key(pname), praw, env)
         if provider is not None:
             providers[str(pname)] = provider
 
@@ -606,7 +683,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
     if not raw_routes:
         r.problem("routes", "required: at least one route")
     for rname, rraw in raw_routes.items():
-        route = _route(r, str(rname), rraw, providers)
+        route = _route(r, _key(rname), rraw, providers)
         if route is not None:
             routes[str(rname)] = route
 
@@ -617,6 +694,9 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
         keys = tuple(k.strip() for k in env.get(keys_env, "").split(",") if k.strip())
         if not keys:
             r.problem("clients.keys_env", f"environment variable {keys_env} is unset or empty")
+        elif not all(_HEADER_SAFE.fullmatch(k) for k in keys):
+            r.problem("clients.keys_env", f"environment variable {keys_env} holds a key with a character "
+                      "other than printable ASCII; no client could send it in a header")
     adata = r.mapping(data.get("access_log"), "access_log", ("format", "path"))
     ldata = r.mapping(data.get("ledger"), "ledger", ("path", "retention_days", "queue"))
     config = Config(
@@ -636,6 +716,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
         ),
         max_body_bytes=r.number(data, "max_body_bytes", "(top)", 4 * 1024 * 1024, low=1024, integer=True),
         shutdown_grace=r.number(data, "shutdown_grace", "(top)", 30.0, low=0),
+        connections=_connections(r, data.get("connections")),
         source=source,
     )
     if problems:
@@ -657,11 +738,103 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     """Read and validate a routes file."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(source, [f"(file): cannot read: {exc.strerror or exc}"]) from exc
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, [_yaml_problem(source, exc)]) from exc
-    return parse_config(raw, env, source)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(source, [f"(file): not valid UTF-8 (line {line}, byte {exc.start})"]) from None
+    return parse_config(read_yaml(text, source), env, source)
+
+
+_FLOW_NESTING = re.compile(r"(?:[\[{]\s*|-[ \t]+){" + str(MAX_YAML_DEPTH + 1) + "}")  # [[[[, {{{{ or - - - -
+
+
+def read_yaml(text: str, source: str = "<memory>") -> Any:
+    """The YAML document in ``text``, refused (ConfigError) when it is not one firstbyte should read:
+    duplicate keys (named by path), nesting past ``MAX_YAML_DEPTH``, aliases that expand past
+    ``MAX_YAML_NODES`` nodes (an alias bomb is refused before anything expands it)."""
+    if _FLOW_NESTING.search(text):  # PyYAML's scanner slows quadratically per flow level: refuse first
+        raise ConfigError(source, [f"(file): nested too deeply (at most {MAX_YAML_DEPTH} levels)"])
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise ConfigError(source, [f"(file): nested too deeply (at most {MAX_YAML_DEPTH} levels)"]) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(source, [_yaml_problem(source, exc)]) from None
+        if node is None:
+            return None
+        problems = _node_problems(node)
+        if problems:
+            raise ConfigError(source, problems)
+        try:
+            return loader.construct_document(node)
+        except yaml.YAMLError as exc:
+            raise ConfigError(source, [_yaml_problem(source, exc)]) from None
+    finally:
+        loader.dispose()
+
+
+def _node_problems(root: yaml.Node) -> list[str]:
+    """Duplicate keys, depth and expanded size of a composed document, each node visited once
+    (an alias is the same node object again, so nothing here expands the alias graph)."""
+    problems: list[str] = []
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "(top)")]
+    while stack:  # pre-order, first path wins: duplicate keys
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                where = _key(name) if path == "(top)" else f"{path}.{_key(name)}"
+                if name is not None and name in first:
+                    problems.append(f"{where}: duplicate key (lines {first[name]} and {key.start_mark.line + 1})")
+                elif name is not None:
+                    first[name] = key.start_mark.line + 1
+                stack.append((value, where))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
+    if problems:
+        return problems
+    # Post-order, memoised by node: depth and the node count once aliases are expanded.
+    sizes: dict[int, tuple[int, int]] = {}
+    order: list[yaml.Node] = []
+    pending: list[yaml.Node] = [root]
+    visited: set[int] = set()
+    while pending:
+        node = pending.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        order.append(node)
+        pending.extend(_children(node))
+    for node in reversed(order):  # children before parents (a composed document has no cycles)
+        size, depth = 1, 1
+        for child in _children(node):
+            child_size, child_depth = sizes.get(id(child), (1, 1))
+            size = min(size + child_size, MAX_YAML_NODES + 1)
+            depth = max(depth, child_depth + 1)
+        sizes[id(node)] = (size, depth)
+    size, depth = sizes[id(root)]
+    if depth > MAX_YAML_DEPTH:
+        problems.append(f"(file): nested {depth} levels deep; at most {MAX_YAML_DEPTH} are read")
+    if size > MAX_YAML_NODES:
+        problems.append(f"(file): aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
+                        "write the values out or share fewer")
+    return problems
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []

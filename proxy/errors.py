@@ -4,6 +4,7 @@
      ├── ConfigError        a routes file that does not validate (every problem, with its path)
      ├── ClientError        a request we refuse before routing (bad JSON, unknown route, bad pin…)
      └── StreamError        an upstream stream that breaks after commit (an error event, bad framing)
+          └── StreamTooLarge  an upstream event past MAX_EVENT_BYTES without its end
 
 Upstream failures are not exceptions here: the walker classifies them into
 outcomes (see ``classify.py``), because most of them are expected and routine.
@@ -45,6 +46,18 @@ class StreamError(FirstbyteError):
         self.partial = b""  # what the same feed() translated before the error: still the client's
 
 
+class StreamTooLarge(StreamError):
+    """An upstream event grew past ``bounds.MAX_EVENT_BYTES`` without ending: the framer drops it.
+
+    Before commit it is a failover-safe ``oversized`` attempt (``classify.py``); after commit the
+    relay ends the client's stream with an error event saying "stream too large"."""
+
+    def __init__(self, limit: int, partial: bytes = b"") -> None:
+        super().__init__(f"stream too large: an upstream event passed {limit} bytes without ending",
+                         "stream_too_large")
+        self.partial = partial
+
+
 class ClientError(FirstbyteError):
     """A request refused with an OpenAI-shape error; ``status`` is the HTTP status."""
 
@@ -63,6 +76,7 @@ class ClientError(FirstbyteError):
         self.type = type
         self.code = code
         self.param = param
+        self.close_connection = False  # answer with Connection: close (the request was not read whole)
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)

@@ -13,6 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -20,9 +21,13 @@ from .config import Config
 from .deadlines import Deadlines
 from .observe import Finished, Observer
 from .observe.costs import CostRefresher
+from .scrub import Scrubber
 from .state import State
 from .transport import HttpTransport, SimTransport
 from .walk import Walker
+
+if TYPE_CHECKING:
+    from .listener import Guard
 
 log = logging.getLogger("firstbyte")
 
@@ -54,6 +59,8 @@ class Gateway:
         self.config = config
         self.sized_routes: frozenset[str] = frozenset()
         self.costs: CostRefresher | None = None
+        self.guards: list[Guard] = []  # the listeners' connection guards, for /metrics
+        self.scrubber = Scrubber()  # every key of every config applied: scrubbed from upstream text
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -66,6 +73,7 @@ class Gateway:
                 self.config.routes[name].fastest.seed == route.fastest.seed
             )
             rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
+        self.scrubber.add([p.api_key for p in config.providers.values() if p.api_key] + list(config.clients.keys))
         self.state.configure(config)
         limits = [t for p in config.providers.values() for t in (p.timeouts.idle, p.timeouts.first_chunk)]
         hedges = [route.hedge.after_secs or HEDGE_TICK_BASIS  # a percentile: some tenths of a second
@@ -85,10 +93,13 @@ class Gateway:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        # No cookie jar: one shared session serves every client, so an upstream's Set-Cookie for
+        # one client's call must never ride along on another's.
         self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
+            connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self.walker = Walker(self.state, HttpTransport(self.session), self.sim, clock=self.clock,
+        self.walker = Walker(self.state, HttpTransport(self.session, self.scrubber), self.sim, clock=self.clock,
                              deadlines=self.deadlines)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         # Measured cost per call for the score strategy, from whatever ledger the config names now.

@@ -183,4 +183,12 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
     app[GATEWAY] = gw
     add_ops_routes(app, hub)
     app.router.add_get("/v1/health", health)
+    app.router.add_route("*", "/{tail:.*}", not_an_ops_endpoint)
     return app
+
+
+async def not_an_ops_endpoint(request: web.Request) -> web.Response:
+    """Anything else on the ops listener: a 404 in the OpenAI shape, like the main listener's."""
+    body = error_body(f"Not Found: {request.method} {request.path} is not an endpoint of the ops listener "
+                      "(see /healthz, /readyz, /metrics, /v1/health).", "invalid_request_error", code="http_404")
+    return error_response(404, body)

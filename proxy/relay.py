@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from .replies import GATEWAY
 from .walk import Lease
 
 # Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
@@ -50,12 +51,23 @@ DROPPED = frozenset(
         "openai-organization",
         "openai-project",
         "anthropic-organization-id",
+        "x-route-decision",  # ours to write: an upstream's copy would be read as firstbyte's
+        "x-request-id",
     }
 )
+_PLAIN_CONNECTION = frozenset({"close", "keep-alive"})
 
 
 def forward_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    headers = {k: v for k, v in upstream.items() if k.lower() not in DROPPED}
+    """The upstream's headers a client may see, plus ours (``extra``), compared case-insensitively.
+
+    Headers the upstream names in ``Connection`` are hop-by-hop by its own say (RFC 9110 7.6.1)
+    and dropped too; the usual ``close`` or ``keep-alive`` costs nothing more."""
+    dropped = DROPPED
+    named = upstream.get("connection")
+    if named is not None and named.lower() not in _PLAIN_CONNECTION:
+        dropped = DROPPED | {token.strip().lower() for token in named.split(",")}
+    headers = {k: v for k, v in upstream.items() if k.lower() not in dropped}
     headers.update(extra)
     return headers
 
@@ -135,6 +147,7 @@ async def relay_stream(
         if failure is None and translator is not None and not translator.done:
             failure = "the upstream stream ended before its end marker"
         if failure is not None:
+            failure = request.app[GATEWAY].scrubber.text(failure)  # an upstream's words may quote its key
             meter.error = failure
             message = (f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
                        "the answer is incomplete.")

@@ -2,31 +2,77 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from .bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
 from .errors import ClientError
+from .memory import trim
 from .providers.base import Call
 
 CHARS_PER_TOKEN = 4  # a deliberately rough estimate: only used against declared context windows
 
 
+# What aiohttp inflates for us; "identity" is no encoding at all.
+_ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
+
+
+class BodyTimeout(Exception):
+    """Set on a request body that did not arrive within ``connections.body_timeout`` (the listener)."""
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` without reading it all into memory."""
-    if request.content_length is not None:
-        if request.content_length > limit:
-            raise _too_large(request.content_length, limit)
-        return await request.read()  # the length is known and allowed: one read, no list
-    parts: list[bytes] = []
-    size = 0
-    while data := await request.content.readany():
-        size += len(data)
-        if size > limit:
-            raise _too_large(size, limit)
-        parts.append(data)
-    return b"".join(parts)
+    """The request body, refused with 413 past ``limit`` without reading it all into memory.
+
+    The limit bounds the *decoded* body: aiohttp inflates a gzip or deflate body as
+    it is read, so an encoded body is counted as it inflates, never read whole on
+    the strength of its small ``Content-Length``. A body that cannot be decoded,
+    or an encoding we do not speak, is a 400; one too slow to arrive, a 408.
+    """
+    length = request.content_length
+    encoding = request.headers.get("content-encoding")
+    try:
+        if length is not None and length > limit:
+            raise _too_large(length, limit)
+        if encoding is None and length is not None:
+            return await request.read()  # the length is known, allowed and decoded as it is: one read
+        if encoding is not None and encoding.strip().lower() not in _ENCODINGS | {"identity"}:
+            raise ClientError(400, f"Content-Encoding {encoding[:40]!r} is not supported: send the body "
+                              "as it is, or gzip or deflate it.", code="unsupported_encoding")
+        parts: list[bytes] = []
+        size = unyielded = 0
+        while data := await request.content.readany():
+            size += len(data)
+            if size > limit:
+                if encoding is not None:
+                    parts.clear()
+                    trim()  # a compressed bomb's inflated megabytes go back to the system
+                raise _too_large(size, limit)
+            parts.append(data)
+            unyielded += len(data)
+            if unyielded >= YIELD_EVERY:  # inflated from bytes already here: give the loop a turn
+                unyielded = 0
+                await asyncio.sleep(0)
+        return b"".join(parts)
+    except ClientError as exc:
+        exc.close_connection = True  # the rest of the body is unread: this connection cannot carry another
+        raise
+    except web.RequestPayloadError as exc:
+        refusal = ClientError(400, f"Request body cannot be read: {_payload_problem(exc)}.", code="invalid_body")
+    except BodyTimeout as exc:
+        refusal = ClientError(408, str(exc), type="timeout_error", code="body_timeout")
+    refusal.close_connection = True
+    raise refusal
+
+
+def _payload_problem(exc: BaseException) -> str:
+    cause = exc.__cause__
+    text = getattr(cause, "message", None) or str(cause or exc)
+    return " ".join(str(text).split())[:200]
 
 
 def _too_large(size: int, limit: int) -> ClientError:
@@ -50,6 +96,9 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
         ) from None
     if not isinstance(body, dict):
         raise ClientError(400, "Request body must be a JSON object.", code="invalid_json")
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(body, MAX_JSON_DEPTH):
+        raise ClientError(400, f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels.",
+                          code="invalid_json")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ClientError(
@@ -66,6 +115,43 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return Call(op, body, stream, wants_usage, beta), model
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Does ``value`` nest containers more than ``limit`` deep? Only asked when the body has
+    that many brackets at all (two C-speed counts), so a usual request never walks its body."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+    return False
+
+
+_UNSAFE_MODEL = re.compile(r"[^\x20-\x7e]|[;,()=]")
+
+
+def check_model(model: str) -> None:
+    """Refuse a ``model`` that is not a route name and could break x-route-decision or the log.
+
+    A route name was checked at load; anything else (a ``provider/upstream-model`` pin, an
+    unknown name) becomes the decision's ``route`` field, so it must be printable ASCII
+    without the grammar's ``; , ( ) =``, and short."""
+    if len(model) > MAX_MODEL_CHARS:
+        raise ClientError(400, f"'model' is {len(model)} characters; at most {MAX_MODEL_CHARS} are accepted.",
+                          code="invalid_model", param="model")
+    if _UNSAFE_MODEL.search(model) is not None:
+        raise ClientError(
+            400,
+            f"'model' {model!r} has a character firstbyte does not route on: use printable ASCII "
+            "without ; , ( ) = (a route name, or provider/upstream-model).",
+            code="invalid_model",
+            param="model",
+        )
 
 
 def _text_size(value: Any) -> int:

@@ -27,7 +27,7 @@ from .providers.anthropic_reverse import openai_error_to_anthropic
 from .race import walk_route
 from .relay import forward_headers, relay_stream
 from .replies import GATEWAY, JSON, error_response, request_id
-from .request import estimate_tokens, parse_call, read_body
+from .request import check_model, estimate_tokens, parse_call, read_body
 from .routing.decision import HEADER, Decision, header_with
 from .routing.plan import Ask, plan
 from .state.tracker import BUFFERED, STREAMED
@@ -68,7 +68,10 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
         ex.error = exc.code or exc.type
         body = exc.body()
         ex.sent = len(body)
-        return error_response(exc.status, body, ex.decision, ex.rid)
+        response = error_response(exc.status, body, ex.decision, ex.rid)
+        if exc.close_connection:
+            response.force_close()
+        return response
     finally:
         end = gw.clock()
         gw.finished(  # positional: this runs for every request (the field order is Finished's)
@@ -81,6 +84,8 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
 async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange) -> web.StreamResponse:
     raw = await read_body(request, config.max_body_bytes)
     call, model = parse_call(ex.op, raw, request.headers.get("anthropic-beta"))
+    if model not in config.routes:
+        check_model(model)  # it becomes the decision's route field: nothing that breaks the grammar
     ex.stream = call.stream
     ex.asked = model
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
@@ -254,7 +259,8 @@ def _presented_key(request: web.Request) -> str | None:
 
 
 def _key_accepted(request: web.Request, keys: Iterable[str]) -> bool:
-    presented = (_presented_key(request) or "").encode()
+    # aiohttp decodes header bytes that are not UTF-8 with surrogates: encode them back, not fail.
+    presented = (_presented_key(request) or "").encode("utf-8", "surrogateescape")
     ok = False
     for key in keys:  # compare against every key: the time says nothing about which matched
         ok |= hmac.compare_digest(presented, key.encode())

@@ -21,6 +21,7 @@ from aiohttp import web
 from .config import Config, load_config, split_listen
 from .errors import ConfigError
 from .gateway import Gateway
+from .listener import Guard, GuardedRunner, fd_budget, raise_fd_limit
 from .observe.hub import Hub
 from .ops import build_ops_app
 from .sdnotify import Notifier
@@ -73,7 +74,7 @@ class Service:
                     self.gateway.reload_ok = False  # firstbyte_config_last_reload_successful 0
                     return False
                 old = self.gateway.config
-                for key in ("listen", "ops_listen", "shutdown_grace"):
+                for key in ("listen", "ops_listen", "shutdown_grace", "connections"):
                     if getattr(config, key) != getattr(old, key):
                         log.warning("%s changed: takes effect on restart", key)
                 self.gateway.apply(config)
@@ -99,9 +100,12 @@ class Service:
             if not self._again:
                 return
 
-    async def _start_site(self, app: web.Application, listen: str) -> None:
-        runner = web.AppRunner(
+    async def _start_site(self, app: web.Application, listen: str, name: str) -> None:
+        guard = Guard(self.gateway.config.connections, name)
+        self.gateway.guards.append(guard)
+        runner = GuardedRunner(
             app,
+            guard,
             handler_cancellation=True,
             shutdown_timeout=self.gateway.config.shutdown_grace,
             access_log=None,
@@ -110,16 +114,20 @@ class Service:
         self.runners.append(runner)
         host, port = split_listen(listen)
         await web.TCPSite(runner, host, port, backlog=4096, reuse_address=True).start()
-        log.info("listening on http://%s:%d", host, port)
+        log.info("listening on http://%s:%d (at most %d client connections)", host, port, guard.max)
 
     async def serve(self) -> int:
         gw = self.gateway
         await self.hub.start()
         await gw.start()
         try:
-            await self._start_site(build_app(gw, self.hub, manage=False), self.listen)
+            soft = raise_fd_limit()
+            if fd_budget() < gw.config.connections.max:
+                log.warning("RLIMIT_NOFILE %d carries %d client connections, under connections.max %d",
+                            soft, fd_budget(), gw.config.connections.max)
+            await self._start_site(build_app(gw, self.hub, manage=False), self.listen, "main")
             if gw.config.ops_listen:
-                await self._start_site(build_ops_app(gw, self.hub), gw.config.ops_listen)
+                await self._start_site(build_ops_app(gw, self.hub), gw.config.ops_listen, "ops")
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
             loop.add_signal_handler(signal.SIGTERM, self.stopping.set)

@@ -7,13 +7,16 @@ turned into outcomes in ``classify.py``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
 
+from .bounds import YIELD_EVERY
 from .config import Provider
 from .providers.base import UpstreamRequest
+from .scrub import Scrubber
 from .simulator import Simulator
 
 
@@ -48,23 +51,48 @@ class BodyTooLarge(Exception):
 
 
 class HttpUpstream:
-    __slots__ = ("_resp", "chunk", "headers", "status")
+    """An aiohttp response as an :class:`Upstream`.
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    An identity body is read with aiohttp's own ``readany`` (no wrapper per
+    chunk: this is the relay's hot path). A compressed one is inflated by aiohttp
+    from bytes already received, without waiting for the socket, so its reads
+    give the loop a turn every ``YIELD_EVERY`` decoded bytes: otherwise a fast,
+    highly compressed stream starves the deadline sweeper and every other request.
+    An error body (not 2xx) has every configured secret scrubbed from it.
+    """
+
+    __slots__ = ("_encoded", "_resp", "_scrubber", "_unyielded", "chunk", "headers", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse, scrubber: Scrubber | None = None) -> None:
         self._resp = resp
+        self._scrubber = scrubber
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
-        self.chunk: Callable[[], Awaitable[bytes]] = resp.content.readany  # no wrapper per chunk
+        self._encoded = resp.headers.get("content-encoding", "identity").lower() != "identity"
+        self._unyielded = 0
+        self.chunk: Callable[[], Awaitable[bytes]] = self._inflated if self._encoded else resp.content.readany
+
+    async def _inflated(self) -> bytes:
+        data = await self._resp.content.readany()
+        self._unyielded += len(data)
+        if self._unyielded >= YIELD_EVERY:
+            self._unyielded = 0
+            await asyncio.sleep(0)  # the sweeper may expire this call meanwhile: the next read raises
+        return data
 
     async def read(self, limit: int) -> bytes:
         parts: list[bytes] = []
         size = 0
-        while data := await self._resp.content.readany():
+        read = self.chunk
+        while data := await read():
             size += len(data)
             if size > limit:
                 raise BodyTooLarge(f"upstream body over {limit} bytes")
             parts.append(data)
-        return b"".join(parts)
+        body = b"".join(parts)
+        if self._scrubber is not None and not 200 <= self.status < 300:
+            body = self._scrubber.bytes(body)  # whole, before any caller cuts it short
+        return body
 
     def at_eof(self) -> bool:
         return self._resp.content.at_eof()
@@ -80,8 +108,9 @@ class HttpUpstream:
 
 
 class HttpTransport:
-    def __init__(self, session: aiohttp.ClientSession) -> None:
+    def __init__(self, session: aiohttp.ClientSession, scrubber: Scrubber | None = None) -> None:
         self.session = session
+        self.scrubber = scrubber
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     def timeout(self, provider: Provider) -> aiohttp.ClientTimeout:
@@ -102,7 +131,7 @@ class HttpTransport:
             timeout=self.timeout(provider),
             allow_redirects=False,
         )
-        return HttpUpstream(resp)
+        return HttpUpstream(resp, self.scrubber)
 
 
 class SimUpstream:

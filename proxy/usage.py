@@ -16,6 +16,7 @@ import orjson
 
 from .config import Price
 from .providers.anthropic_wire import usage_from_anthropic
+from .providers.tokens import token_count
 from .routing.decision import Decision
 
 __all__ = ["cost_of", "priced", "usage_of_body"]
@@ -43,10 +44,10 @@ def usage_of_body(op: str, body: bytes) -> Usage | None:
     if op == "messages":
         return usage_from_anthropic(usage)
     if op == "responses":  # the Responses API counts input and output tokens
-        prompt, completion = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+        prompt, completion = token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    prompt = _int(usage.get("prompt_tokens"))
-    completion = _int(usage.get("completion_tokens"))
+    prompt = token_count(usage.get("prompt_tokens"))
+    completion = token_count(usage.get("completion_tokens"))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -92,10 +93,6 @@ def cost_of(usage: Usage | None, price: Price | None) -> float | None:
     if not usage or price is None:
         return None
     return (usage.get("prompt_tokens", 0) * price.input + usage.get("completion_tokens", 0) * price.output) / 1e6
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def priced(decision: Decision, price: Price | None, usage: Usage | None, **changes: Any) -> Decision:

@@ -20,7 +20,16 @@ from typing import Any
 
 import aiohttp
 
-from .classify import BUSY, Outcome, classify_ended, classify_error, classify_exception, classify_status
+from .classify import (
+    BUSY,
+    INVALID_BODY,
+    Outcome,
+    classify_ended,
+    classify_error,
+    classify_exception,
+    classify_status,
+    is_json_object,
+)
 from .config import Provider, Route, Target
 from .deadlines import Deadlines, Expired
 from .errors import error_body, error_type
@@ -283,6 +292,10 @@ class Walker:
             if ok and failure is not None:
                 verdict = True
                 return self._failed_before_token(result, route, target, ts, adapter, call, failure, started)
+            if ok and not call.stream and not is_json_object(first):
+                self._failed(result, route, target, ts, INVALID_BODY, started)  # not the success it claims
+                verdict = True
+                return INVALID_BODY
             if ok:
                 ttfc = now - started
                 state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED)

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.config import Config, parse_config
 from proxy.gateway import Gateway
+from proxy.listener import Guard, GuardedRunner
 from proxy.routing.decision import ParsedDecision, parse_header
 from proxy.server import build_app
 
@@ -120,9 +121,18 @@ class Proxy:
         self.gateway = gateway
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.port = 0
 
     async def start(self) -> Proxy:
-        self.runner, self.url = await serve_on_loopback(build_app(self.gateway), shutdown_timeout=1)
+        """Served as ``firstbyte serve`` serves: its connections kept by the listener's guard."""
+        guard = Guard(self.gateway.config.connections)
+        self.gateway.guards.append(guard)
+        self.runner = GuardedRunner(build_app(self.gateway), guard, handler_cancellation=True, shutdown_timeout=1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{self.port}"
         return self
 
     async def stop(self) -> None:

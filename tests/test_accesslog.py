@@ -203,3 +203,28 @@ async def test_reopen_follows_a_rotated_file(tmp_path: Path) -> None:
     await log.close()
     assert json.loads((tmp_path / "access.log.1").read_text())["path"] == "/before"
     assert json.loads(path.read_text())["path"] == "/after"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "field", "value"),
+    [
+        pytest.param("text", "path", "/v1/chat/completions\n", id="text-trailing-newline"),
+        pytest.param("text", "error", "upstream said: boom\n", id="text-error-trailing-newline"),
+        pytest.param("json", "path", "/v1/\u2028x", id="json-u2028"),
+        pytest.param("json", "path", "/v1/\x85x", id="json-u0085"),
+        pytest.param("json", "error", "cut \u2029 here", id="json-u2029-in-error"),
+    ],
+)
+async def test_a_client_or_upstream_value_never_starts_a_new_line(fmt: str, field: str, value: str) -> None:
+    """``$`` in the bare-value check let a trailing newline through; orjson leaves U+2028, U+2029 and
+    U+0085 raw, and Python's splitlines (like JavaScript) ends a line at each."""
+    stream = io.StringIO()
+    log = AccessLog(AccessLogConfig(format=fmt), stream=stream)
+    log.on_finished(finished(**{field: value}))
+    await log.close()
+    text = stream.getvalue()
+    assert len(text.splitlines()) == 1, text
+    if fmt == "json":
+        assert json.loads(text)[field] == value
+    else:
+        assert parse_text(text.rstrip("\n"))[1][field] == value

@@ -180,3 +180,125 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     bad.write_text("routes: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+BASE = textwrap.dedent("""\
+    providers:
+      s: {kind: simulated}
+    routes:
+      chat: {targets: [{provider: s, model: m}]}
+    """)
+
+
+def refused(tmp_path: Path, text: str | bytes) -> list[str]:
+    path = tmp_path / "routes.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    return caught.value.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param(BASE + "providers:\n  t: {kind: simulated}\n", "providers: duplicate key (lines 1 and 5)",
+                     id="top-level"),
+        pytest.param(BASE.replace("{kind: simulated}", "{kind: simulated, kind: openai}"),
+                     "providers.s.kind: duplicate key (lines 2 and 2)", id="nested-flow"),
+        pytest.param(BASE.replace("model: m}", "model: m, model: n}"),
+                     "routes.chat.targets[0].model: duplicate key (lines 4 and 4)", id="in-a-list"),
+    ],
+)
+def test_duplicate_keys_are_refused_with_their_path(tmp_path: Path, text: str, problem: str) -> None:
+    """YAML lets the last duplicate win silently: a second providers: block hid the first."""
+    assert problem in refused(tmp_path, text)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("http://exa mple.com/v1", id="space"),
+        pytest.param("http://host:99999/v1", id="port-out-of-range"),
+        pytest.param("https://[::1/v1", id="bad-ipv6"),
+        pytest.param("http:///v1", id="no-host"),
+        pytest.param("http://user:pw@host/v1", id="credentials"),
+        pytest.param("http://host/v1?x=1", id="query"),
+        pytest.param("http://h\u00f6st/v1", id="non-ascii"),
+    ],
+)
+def test_a_malformed_base_url_is_refused_at_load(url: str) -> None:
+    got = problems({"providers": {"o": {"kind": "openai", "base_url": url}},
+                    "routes": {"chat": {"targets": [{"provider": "o", "model": "m"}]}}})
+    assert [p for p in got if p.startswith("providers.o.base_url: ")], got
+
+
+@pytest.mark.parametrize("key", ["sk-abc\r\nX-Evil: 1", "sk-abc\n", "sk-\x00abc", "sk-caf\u00e9"])
+def test_a_provider_key_with_cr_lf_is_refused_at_load_without_printing_it(key: str) -> None:
+    raw = {"providers": {"o": {"kind": "openai", "base_url": "http://h/v1", "api_key_env": "K"}},
+           "routes": {"chat": {"targets": [{"provider": "o", "model": "m"}]}}}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw, env={"K": key})
+    text = str(caught.value)
+    assert "providers.o.api_key_env: environment variable K" in text
+    assert "sk-" not in text
+
+
+def test_invalid_utf8_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    got = refused(tmp_path, BASE.encode() + b"listen: \xff\xfe\n")
+    assert got == ["(file): not valid UTF-8 (line 5, byte 95)"]
+
+
+@pytest.mark.parametrize(
+    "nest",
+    [pytest.param("[" * 5000 + "]" * 5000, id="flow-5000"), pytest.param("[" * 300 + "]" * 300, id="flow-300"),
+     pytest.param("- " * 3000 + "x", id="block-3000")],
+)
+def test_very_deep_yaml_is_refused_quickly(tmp_path: Path, nest: str) -> None:
+    import time
+
+    t0 = time.monotonic()
+    got = refused(tmp_path, BASE + f"x: {nest}\n")
+    assert time.monotonic() - t0 < 0.5
+    assert got == ["(file): nested too deeply (at most 64 levels)"]
+
+
+def test_an_alias_bomb_is_refused_in_well_under_a_second_and_never_printed(tmp_path: Path) -> None:
+    """Nine references per level over twelve levels: 282 billion nodes if anything expanded them."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 13)]
+    import time
+
+    for where in ("listen: *a12\n", "routes:\n  chat: {targets: *a12}\n"):
+        text = "\n".join(lines) + "\n" + BASE.replace("routes:\n  chat: {targets: [{provider: s, model: m}]}\n", "")
+        t0 = time.monotonic()
+        got = refused(tmp_path, text + where)
+        assert time.monotonic() - t0 < 0.5
+        assert any("aliases expand to more than 100000 nodes" in p for p in got), got
+        assert sum(len(p) for p in got) < 2000
+
+
+def test_a_value_in_a_problem_is_shown_bounded() -> None:
+    shared: list[Any] = ["x"] * 50
+    for _ in range(6):
+        shared = [shared] * 50  # 50**7 leaves if printed whole
+    got = problems({"providers": {"s": {"kind": "simulated"}}, "listen": "x" * 100_000,
+                    "routes": {"chat": {"strategy": shared, "targets": [{"provider": "s", "model": "m"}]}}})
+    assert len(got) == 2 and sum(len(p) for p in got) < 600, got
+
+
+def test_anchors_and_aliases_still_share_values(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text(textwrap.dedent("""\
+        providers:
+          a: {kind: openai, base_url: "http://a/v1", timeouts: &t {connect: 2, first_chunk: 3}}
+          b: {kind: openai, base_url: "http://b/v1", timeouts: *t}
+        routes:
+          chat: {targets: [{provider: a, model: m}, {provider: b, model: m}]}
+        connections: {max: 100, header_timeout: 5, body_timeout: 20, keepalive_timeout: 30}
+        """))
+    config = load_config(path, env={})
+    assert config.providers["b"].timeouts.first_chunk == 3
+    assert (config.connections.max, config.connections.header_timeout) == (100, 5)

@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -45,6 +46,9 @@ RSS_TOLERANCE_MB = 16.0  # resident memory after the soak: at most this much abo
 
 HEAD_SSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+HEAD_SSE_GZIP = HEAD_SSE.replace(b"Connection:", b"Content-Encoding: gzip\r\nConnection:")
+KEY = "sk-drill-0123456789abcdef"  # the fault provider's key: no answer and no log line may hold it
+FORGED = b"id=forged; route=solo; strategy=ordered; order=evil(written); served=evil"
 END = b"0\r\n\r\n"
 
 
@@ -80,6 +84,23 @@ def rst(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+_GZIP: dict[str, list[bytes]] = {}
+
+
+def gzip_pieces(kind: str) -> list[bytes]:
+    """Chunks of one gzip stream: 1 MiB of events each (``gzip_endless``, about 60 MiB, enough for a
+    1.5 s total deadline) or of an event's data that never ends (``gzip_noend``: 24 MiB, past the
+    16 MiB bound). The last chunk repeats: past the bound or the deadline nobody inflates it."""
+    if kind not in _GZIP:
+        packer = zlib.compressobj(6, zlib.DEFLATED, 31)
+        if kind == "gzip_noend":
+            raw = [b"data: " + b"x" * 2**20] + [b"x" * 2**20] * 23
+        else:
+            raw = [event(0, 200) * 4000] * 60
+        _GZIP[kind] = [chunk(packer.compress(piece) + packer.flush(zlib.Z_SYNC_FLUSH)) for piece in raw]
+    return _GZIP[kind]
+
+
 class FaultUpstream:
     """An OpenAI-ish upstream written by hand; ``drill.kind`` in the request body picks the fault."""
 
@@ -106,11 +127,14 @@ class FaultUpstream:
         self.open += 1
         try:
             length = 0
+            auth = ""
             while (line := await reader.readline()) not in (b"\r\n", b""):
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
+                elif line.lower().startswith(b"authorization:"):
+                    auth = line.split(b":", 1)[1].strip().decode()
             body = orjson.loads(await reader.readexactly(length))
-            drill = body.get("drill") or {}
+            drill = {**(body.get("drill") or {}), "_auth": auth}
             kind = "ok" if body.get("model") == "ok" else drill.get("kind", "ok")
             await self._fault(kind, drill, bool(body.get("stream")), reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, orjson.JSONDecodeError):
@@ -135,6 +159,24 @@ class FaultUpstream:
             await self._write(writer, b"\x00\xff\xfeNOT HTTP\r\n\r\n" + os.urandom(64))
         elif kind == "status500":
             await self._write(writer, http(500, b'{"error": {"message": "boom", "type": "server_error"}}'))
+        elif kind == "echo_key":  # an upstream that quotes the key it was sent, in JSON and in text
+            sent = drill.get("_auth", "")
+            await self._write(writer, http(int(drill.get("status", 401)),
+                                           b'{"error": {"message": "bad key %s", "type": "x"}} and %s'
+                                           % (sent.encode(), sent.encode())))
+        elif kind == "notjson" and not stream:
+            await self._write(writer, http(200, b"<html>upstream proxy error</html>", b"text/html"))
+        elif kind == "forged_headers" and not stream:
+            await self._write(writer, http(200, orjson.dumps({
+                "id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": "3", "completion_tokens": [1]}})).replace(
+                b"Connection: close", b"X-Route-Decision: " + FORGED + b"\r\nSet-Cookie: s=1\r\n"
+                b"X-Request-Id: forged\r\nConnection: close, X-Hop\r\nX-Hop: 1"))
+        elif kind in ("gzip_noend", "gzip_endless"):
+            await self._write(writer, HEAD_SSE_GZIP)
+            await self._gzip_stream(kind, writer)
         elif kind == "status400":
             await self._write(writer, http(400, b'{"error": {"message": "bad", "type": "invalid_request_error",'
                                                 b' "param": null, "code": null}}'))
@@ -144,8 +186,23 @@ class FaultUpstream:
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
                              "finish_reason": "stop"}]})))
         else:
-            await self._write(writer, HEAD_SSE)
+            head = HEAD_SSE
+            if kind == "forged_headers":
+                head = HEAD_SSE.replace(b"Connection: close", b"X-Route-Decision: " + FORGED
+                                        + b"\r\nX-Request-Id: forged\r\nConnection: close")
+            await self._write(writer, head)
             await self._stream(kind, drill, after, reader, writer)
+
+    async def _gzip_stream(self, kind: str, writer: asyncio.StreamWriter) -> None:
+        """Highly compressed and endless: a few KB on the wire inflate to a megabyte each. ``gzip_noend``
+        is one event that never ends (no blank line); ``gzip_endless`` valid events without end. The
+        compressed bytes are made once per process, so the drill's own CPU goes to sending them."""
+        pieces = gzip_pieces(kind)
+        i = 0
+        while True:
+            await self._write(writer, pieces[i] if i < len(pieces) else pieces[-1])
+            i += 1
+            await asyncio.sleep(0)
 
     async def _stream(self, kind: str, drill: dict[str, Any], after: int,
                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -157,6 +214,17 @@ class FaultUpstream:
                 i += 1
                 if pause:
                     await asyncio.sleep(pause)
+        if kind == "noend":  # one event that never ends: bytes without a blank line, as fast as taken
+            await self._write(writer, chunk(b"data: "))
+            filler = chunk(b"x" * 65536)
+            while True:
+                await self._write(writer, filler)
+        if kind == "string_usage":
+            await self._write(writer, chunk(event(0) + b'data: {"id": "x", "object": "chat.completion.chunk", '
+                                            b'"created": 1, "model": "m", "choices": [], "usage": '
+                                            b'{"prompt_tokens": "5", "completion_tokens": "x"}}\n\n'))
+            await self._write(writer, chunk(b"data: [DONE]\n\n") + END)
+            return
         if kind == "malformed_sse":
             await self._write(writer, chunk(b"data: {not json\n\nevent: ???\ndata\n\n: c\n\n\xff\xfe\n\n"))
             await self._write(writer, chunk(b"data: [DONE]\n\n") + END)
@@ -181,8 +249,9 @@ class FaultUpstream:
 class Firstbyte:
     """``firstbyte serve`` in a subprocess, its stderr in a file, its fds and RSS from /proc."""
 
-    def __init__(self, tmp: Path, upstream: str) -> None:
+    def __init__(self, tmp: Path, upstream: str, nofile: int | None = None) -> None:
         self.tmp = tmp
+        self.nofile = nofile  # RLIMIT_NOFILE for the process (soft and hard), to drill fd exhaustion
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -190,6 +259,8 @@ class Firstbyte:
         timeouts = {"connect": 1, "first_chunk": 0.5, "idle": 0.5, "total": 60}
         providers = {name: {"kind": "openai", "base_url": upstream, "timeouts": timeouts}
                      for name in ("fault", "steady")}
+        providers["fault"]["api_key_env"] = "DRILL_KEY"
+        providers["brief"] = {"kind": "openai", "base_url": upstream, "timeouts": {**timeouts, "total": 1.5}}
         cooldown = {"failures": 1_000_000, "secs": 0.001}  # the drill wants every fault to reach the upstream
         config = {
             "listen": f"127.0.0.1:{self.port}",
@@ -201,7 +272,10 @@ class Firstbyte:
                          "cooldown": cooldown},
                 "pool": {"strategy": "ordered", "cooldown": cooldown,
                          "targets": [{"provider": "fault", "model": "m"}, {"provider": "steady", "model": "ok"}]},
+                "brief": {"strategy": "ordered", "targets": [{"provider": "brief", "model": "m"}],
+                          "cooldown": cooldown},
             },
+            "connections": {"header_timeout": 1, "body_timeout": 2},
         }
         (tmp / "routes.json").write_bytes(orjson.dumps(config))
         self.log = tmp / "firstbyte.log"
@@ -209,10 +283,19 @@ class Firstbyte:
 
     async def start(self) -> Firstbyte:
         with self.log.open("wb") as log:
+            nofile = self.nofile
+
+            def limit() -> None:
+                if nofile is not None:
+                    import resource
+
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", "import sys; from proxy.cli import main; sys.exit(main())",
                  "serve", "--config", str(self.tmp / "routes.json")],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "DRILL_KEY": KEY},
+                preexec_fn=limit if nofile is not None else None)
         async with aiohttp.ClientSession() as session:
             for _ in range(200):
                 with contextlib.suppress(aiohttp.ClientError):
@@ -248,6 +331,8 @@ class Firstbyte:
 
 @pytest.fixture
 async def drill(tmp_path: Path) -> AsyncIterator[tuple[FaultUpstream, Firstbyte]]:
+    for kind in ("gzip_endless", "gzip_noend"):
+        gzip_pieces(kind)  # made once per process, before any call: a first chunk must not wait for it
     up = await FaultUpstream().start()
     fb = await Firstbyte(tmp_path, up.url).start()
     try:
@@ -259,6 +344,8 @@ async def drill(tmp_path: Path) -> AsyncIterator[tuple[FaultUpstream, Firstbyte]
     record(f"firstbyte log after the test: {len(log.splitlines())} lines, "
            f"unhandled-exception markers: {bad or 'none'}")
     assert not bad, f"firstbyte logged {bad}:\n{log[-4000:]}"
+    access = (tmp_path / "access.log").read_text(errors="replace") if (tmp_path / "access.log").exists() else ""
+    assert KEY not in log and KEY not in access, "the provider's key reached firstbyte's log"
 
 
 def body(route: str, kind: str, stream: bool, **drill: Any) -> bytes:
@@ -272,6 +359,7 @@ def verdict(status: int, data: bytes, stream: bool) -> str:
     Anything else (a 200 that is neither a complete answer nor ends in an error
     event; an error that is not the OpenAI shape) fails the drill.
     """
+    assert KEY.encode() not in data, data[:300]
     if status >= 400:
         err = orjson.loads(data)["error"]
         assert isinstance(err["message"], str) and err["message"], data[:300]
@@ -289,9 +377,17 @@ def verdict(status: int, data: bytes, stream: bool) -> str:
     return "error event"
 
 
+def check_headers(resp: aiohttp.ClientResponse) -> None:
+    """Our headers are ours: one x-route-decision (never the upstream's forgery), no upstream cookie."""
+    decisions = resp.headers.getall("x-route-decision", [])
+    assert len(decisions) <= 1 and b"forged" not in b"".join(v.encode() for v in decisions), decisions
+    assert resp.headers.getall("x-request-id", ["-"]) != ["forged"] and "set-cookie" not in resp.headers
+
+
 async def call(session: aiohttp.ClientSession, url: str, data: bytes, stream: bool) -> str:
     async with session.post(url + "/v1/chat/completions", data=data,
                             headers={"content-type": "application/json"}) as resp:
+        check_headers(resp)
         return verdict(resp.status, await resp.read(), stream)
 
 
@@ -315,6 +411,16 @@ EXPECTED = {  # (route, kind, stream) -> verdict; "pool" fails over to a steady 
     ("solo", "status400", True): "error", ("pool", "status400", True): "error",
     ("solo", "big", True): "answer",
 }
+# Hostile upstreams. An event with no end is cut as "stream too large": an error event once committed;
+# a failover before commit (an error on solo) where the walker holds events back before its commit.
+HOSTILE: dict[tuple[str, str, bool], tuple[str, ...]] = {
+    ("solo", "echo_key", False): ("error",), ("pool", "echo_key", True): ("error",),
+    ("solo", "notjson", False): ("error",), ("pool", "notjson", False): ("answer",),
+    ("solo", "forged_headers", False): ("answer",), ("solo", "forged_headers", True): ("answer",),
+    ("solo", "string_usage", True): ("answer",),
+    ("solo", "noend", True): ("error event", "error"), ("solo", "gzip_noend", True): ("error event", "error"),
+    ("brief", "gzip_endless", True): ("error event",),
+}
 
 
 @pytest.mark.timeout(30)
@@ -324,12 +430,178 @@ async def test_each_fault_alone(drill: tuple[FaultUpstream, Firstbyte]) -> None:
         for (route, kind, stream), want in EXPECTED.items():
             got = await call(session, fb.url, body(route, kind, stream), stream)
             assert got == want, (route, kind, stream)
+        for (route, kind, stream), allowed in HOSTILE.items():
+            got = await call(session, fb.url, body(route, kind, stream), stream)
+            assert got in allowed, (route, kind, stream, got)
         # An endless stream: the client reads a while, then leaves; the upstream call must end too.
         async with session.post(fb.url + "/v1/chat/completions", data=body("solo", "endless", True)) as resp:
             for _ in range(50):
                 await resp.content.readany()
     await settle(fb, up, 0, 3.0)
     assert up.open == 0, "an upstream call outlived its client"
+
+
+_PROBE = r"""
+import select, socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+times = []
+conn = socket.create_connection((host, port))
+while not select.select([sys.stdin], [], [], 0)[0]:  # until the drill closes our stdin
+    t0 = time.monotonic()
+    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    seen = b""
+    while b'"alive"}' not in seen:
+        data = conn.recv(65536)
+        assert data, "firstbyte closed the probe's connection"
+        seen += data
+    times.append(time.monotonic() - t0)
+    time.sleep(0.02)
+times.sort()
+print(times[-1], times[int(len(times) * 0.99)] if times else 0.0, len(times))
+"""
+
+
+class HealthProbe:
+    """Asks ``/healthz`` every 20 ms from a process of its own (so the drill's own busy loop is not
+    what it measures) on one kept-alive connection, and reports the slowest answer."""
+
+    def __init__(self, url: str) -> None:
+        self.host, _, port = url.removeprefix("http://").partition(":")
+        self.port = port
+        self.worst = 0.0
+        self.p99 = 0.0
+        self.asked = 0
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> HealthProbe:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _PROBE, self.host, self.port,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.close()
+        out, _ = await asyncio.wait_for(self._proc.communicate(), 10)
+        assert self._proc.returncode == 0, "the /healthz probe failed"
+        worst, p99, asked = out.split()
+        self.worst, self.p99, self.asked = float(worst), float(p99), int(asked)
+
+
+# /healthz answers within HEALTHZ_LIMIT while one hostile stream runs (every ask). Under the soak, whose 48
+# clients saturate a 2-core machine, an ask also waits for the CPU: on a quiet machine the soak's slowest
+# ask measured 49-99 ms, with other work on the machine the soak without any hostile input measured p99
+# 120 ms and worst 180-730 ms. So the soak holds 99 % of asks to SOAK_P99 and every ask to HEALTHZ_WORST,
+# which a freeze (seconds, before: /healthz timed out) cannot meet.
+HEALTHZ_LIMIT = 0.1
+RUNS = 2  # a one-stream latency run that misses HEALTHZ_LIMIT is repeated once (README: a shared machine's
+# single run can miss what the code meets); every run's answer, deadline and memory are still checked, and
+# before issue 14 every run missed by seconds
+SOAK_P99 = 0.25
+HEALTHZ_WORST = 1.5
+
+
+async def read_all(session: aiohttp.ClientSession, url: str, data: bytes) -> tuple[int, bytes]:
+    async with session.post(url + "/v1/chat/completions", data=data) as resp:
+        return resp.status, await resp.read()
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("kind", ["noend", "gzip_noend"])
+async def test_an_event_with_no_end_is_cut_without_freezing_the_proxy(drill: tuple[FaultUpstream, Firstbyte],
+                                                                       kind: str) -> None:
+    """Bytes without a blank line, plain or as a gzip stream that inflates a thousandfold: cut as
+    "stream too large" at 16 MiB, while /healthz keeps answering and memory stays bounded."""
+    up, fb = drill
+    worst = []
+    for _ in range(RUNS):
+        rss0, peak = fb.rss_mb(), 0.0
+
+        async def watch_rss() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, fb.rss_mb())
+                await asyncio.sleep(0.02)
+
+        watcher = asyncio.create_task(watch_rss())
+        async with HealthProbe(fb.url) as probe, aiohttp.ClientSession() as session:
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            status, data = await read_all(session, fb.url, body("solo", kind, True))
+            took = time.monotonic() - t0
+        watcher.cancel()
+        got = verdict(status, data, True)
+        record(f"{kind}: {got} after {took:.2f} s ({status}); /healthz worst {probe.worst * 1000:.0f} ms over "
+               f"{probe.asked} asks; RSS {rss0:.1f} -> peak {peak:.1f} MB")
+        assert got in ("error event", "error")
+        assert b"stream too large" in data
+        assert took < 10
+        assert peak - rss0 < 120, "the pending event was held more than once"
+        await settle(fb, up, 0, 3.0)
+        assert up.open == 0
+        worst.append(probe.worst)
+        if probe.worst < HEALTHZ_LIMIT:
+            break
+    assert min(worst) < HEALTHZ_LIMIT, worst
+
+
+@pytest.mark.timeout(30)
+async def test_a_busy_compressed_stream_still_meets_its_total_deadline(drill: tuple[FaultUpstream, Firstbyte]) -> None:
+    """Valid events, endless, gzip-compressed: the reads never wait for the socket, yet the 1.5 s total
+    deadline ends the client's stream and /healthz answers throughout."""
+    up, fb = drill
+    gzip_pieces("gzip_endless")  # made before the call: the first chunk must not wait for it
+    worst = []
+    for _ in range(RUNS):
+        async with HealthProbe(fb.url) as probe, aiohttp.ClientSession() as session:
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            status, data = await read_all(session, fb.url, body("brief", "gzip_endless", True))
+            took = time.monotonic() - t0
+        record(f"busy gzip stream: ended after {took:.2f} s with {len(data) / 2**20:.0f} MB relayed; "
+               f"/healthz worst {probe.worst * 1000:.0f} ms over {probe.asked} asks")
+        assert verdict(status, data, True) == "error event"
+        assert b"total timeout" in data.rsplit(b"\n\n", 2)[-2]
+        assert 1.5 <= took < 3.5
+        worst.append(probe.worst)
+        if probe.worst < HEALTHZ_LIMIT:
+            break
+    assert min(worst) < HEALTHZ_LIMIT, worst
+
+
+@pytest.mark.timeout(40)
+async def test_idle_connections_cannot_exhaust_descriptors(tmp_path: Path) -> None:
+    """Under RLIMIT_NOFILE 256, 400 connections that never finish a request head: a real request still
+    gets an answer (a 503 in the OpenAI shape at worst, never an empty reply), and once the head
+    deadline cuts the idle ones, it is served."""
+    up = await FaultUpstream().start()
+    fb = await Firstbyte(tmp_path, up.url, nofile=256).start()
+    idle: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(400):
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection("127.0.0.1", fb.port)
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never the rest
+                idle.append(writer)
+        await asyncio.sleep(0.2)
+        fds = fb.fds()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            status, data = await read_all(session, fb.url, body("solo", "ok", False))
+            first = verdict(status, data, False)
+            await asyncio.sleep(1.5)  # past connections.header_timeout (1 s)
+            status, data = await read_all(session, fb.url, body("solo", "ok", False))
+            later = verdict(status, data, False)
+        record(f"400 idle connections under RLIMIT_NOFILE 256: firstbyte fds {fds}; a request meanwhile: "
+               f"{first}; after the head deadline: {later}")
+        assert fds < 256
+        assert first in ("answer", "error")
+        assert later == "answer"
+    finally:
+        for writer in idle:
+            writer.close()
+        log = fb.stop()
+        await up.stop()
+    assert not [word for word in FORBIDDEN if word in log], log[-3000:]
 
 
 @pytest.mark.timeout(30)
@@ -370,6 +642,7 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
     fds0, rss0 = fb.fds(), fb.rss_mb()
 
     refused = 0  # answered with an error before streaming (a first chunk over 0.5 s on a loaded machine)
+    why: Counter[str] = Counter()
 
     async def leave(i: int) -> None:
         nonlocal refused
@@ -382,10 +655,12 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
                 status = await asyncio.wait_for(reader.readline(), 20)
                 if b" 200 " not in status:  # an OpenAI-shape error; the connection stays open
                     refused += 1
+                    why[status.strip().decode(errors="replace")[:40] or "closed"] += 1
                     return
                 await asyncio.wait_for(reader.readuntil(b"data: "), 20)
             except asyncio.IncompleteReadError:
                 refused += 1
+                why["cut before streaming"] += 1
         finally:
             if i % 2:
                 rst(writer)  # half reset, half close politely
@@ -400,7 +675,8 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
     fds1, rss1 = fb.fds(), fb.rss_mb()
     async with aiohttp.ClientSession() as session, session.get(fb.url + "/v1/health") as resp:
         in_flight = sum(t["in_flight"] for t in (await resp.json())["targets"])
-    record(f"2000 clients left mid-stream ({refused} got an error before streaming): "
+    record(f"2000 clients left mid-stream ({refused} got an error before streaming{': ' if why else ''}"
+           f"{', '.join(f'{k} {v}' for k, v in why.items())}): "
            f"firstbyte fds {fds0} -> peak {peak} -> {fds1}; "
            f"RSS {rss0:.1f} -> {rss1:.1f} MB; upstream connections open {up.open}; in flight {in_flight}")
     assert refused <= 100, "most clients must have been streaming when they left"
@@ -412,8 +688,63 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
 SOAK_KINDS = {  # kind -> weight
     "ok": 50, "hang": 2, "reset_before": 6, "reset_after": 6, "cut_after": 6, "hang_after": 2,
     "malformed_sse": 4, "garbage": 5, "status500": 6, "status400": 3, "endless": 3, "big": 0.1,
+    # hostile upstreams
+    "echo_key": 2, "notjson": 2, "forged_headers": 2, "string_usage": 2, "noend": 0.03, "gzip_noend": 0.05,
+    "gzip_endless": 0.03,
+    # hostile clients (c_*): a gzip bomb, a body that is not gzip, JSON 300 deep, a forged model, CL with TE
+    # and a head trickled past the header timeout, all over the same listener
+    "c_gzip_bomb": 0.5, "c_bad_gzip": 1, "c_deep_json": 1, "c_forged_model": 1, "c_cl_te": 1, "c_slowloris": 0.3,
 }
 SOAK_REQUESTS = 10_000
+STREAMED_KINDS = ("endless", "big", "malformed_sse", "noend", "gzip_noend", "gzip_endless", "string_usage")
+
+
+def _gzip(data: bytes) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return packer.compress(data) + packer.flush()
+
+
+GZIP_BOMB = _gzip(b'{"model": "solo", "messages": [], "pad": "' + b" " * (8 * 2**20) + b'"}')  # 8 MiB > 4 MiB
+DEEP_JSON = b'{"model": "solo", "messages": [], "x": ' + b"[" * 300 + b"]" * 300 + b"}"
+
+
+async def raw_answer(port: int, data: bytes, secs: float = 5.0) -> tuple[int, bytes]:
+    """Send ``data`` on a socket of its own and read until firstbyte closes: (status, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        raw = await asyncio.wait_for(reader.read(), secs)
+    finally:
+        writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), rest
+
+
+async def hostile_client(session: aiohttp.ClientSession, fb: Firstbyte, kind: str) -> str:
+    """A client-side hostile input: each must end in an OpenAI-shape error (or a 408 for the slow one)."""
+    url = fb.url + "/v1/chat/completions"
+    if kind in ("c_cl_te", "c_slowloris"):
+        if kind == "c_cl_te":
+            data = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        else:
+            data = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le"  # and then nothing
+        status, rest = await raw_answer(fb.port, data)
+        assert status == (408 if kind == "c_slowloris" else 400), (kind, status, rest[:200])
+        return verdict(status, rest, False)
+    headers = {"content-type": "application/json"}
+    if kind == "c_gzip_bomb":
+        data, headers["content-encoding"] = GZIP_BOMB, "gzip"
+    elif kind == "c_bad_gzip":
+        data, headers["content-encoding"] = b"certainly not gzip", "gzip"
+    elif kind == "c_deep_json":
+        data = DEEP_JSON
+    else:
+        data = orjson.dumps({"model": "solo; served=evil\r\nx-forged: 1", "messages": []})
+    async with session.post(url, data=data, headers=headers) as resp:
+        assert resp.status in (400, 413), (kind, resp.status)
+        check_headers(resp)
+        return verdict(resp.status, await resp.read(), False)
 
 
 @pytest.mark.timeout(80)
@@ -425,9 +756,13 @@ async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> 
     injected: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     connector = aiohttp.TCPConnector(limit=0)
+    gzip_pieces("gzip_endless")
+    gzip_pieces("gzip_noend")
     async with aiohttp.ClientSession(connector=connector) as session:
         for kind in kinds:  # warm-up: every path once, so the baseline includes what they load
-            if kind not in ("endless", "big"):
+            if kind.startswith("c_"):
+                await hostile_client(session, fb, kind)
+            elif kind not in ("endless", "big", "gzip_endless", "noend"):
                 await call(session, fb.url, body("pool", kind, True), True)
         await asyncio.sleep(0.3)
         fds0, rss0 = fb.fds(), fb.rss_mb()
@@ -435,13 +770,19 @@ async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> 
 
         async def one() -> None:
             kind = rng.choices(kinds, weights)[0]
-            route = rng.choice(("solo", "pool"))
-            stream = kind in ("endless", "big", "malformed_sse") or rng.random() < 0.7
-            leaves = kind == "endless" or rng.random() < 0.05  # the client hangs up at a random moment
+            route = "brief" if kind == "gzip_endless" else rng.choice(("solo", "pool"))
+            stream = kind in STREAMED_KINDS or rng.random() < 0.7
+            # the client hangs up at a random moment; an endless stream's always does (the busy gzip one's
+            # total deadline is the drill's own test, where it is read to its end)
+            leaves = kind in ("endless", "gzip_endless") or rng.random() < 0.05
             injected[kind] += 1
+            if kind.startswith("c_"):
+                outcomes[await hostile_client(session, fb, kind)] += 1
+                return
             data = body(route, kind, stream, after=rng.randint(0, 4), chunks=rng.randint(1, 8))
             async with session.post(fb.url + "/v1/chat/completions", data=data,
                                     headers={"content-type": "application/json"}) as resp:
+                check_headers(resp)
                 if leaves:
                     for _ in range(rng.randint(0, 5)):
                         if not await resp.content.readany():
@@ -457,7 +798,8 @@ async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> 
                 await one()
 
         t0 = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(48)))
+        async with HealthProbe(fb.url) as probe:
+            await asyncio.gather(*(worker() for _ in range(48)))
         took = time.monotonic() - t0
     await settle(fb, up, fds0)
     await asyncio.sleep(0.5)
@@ -467,7 +809,11 @@ async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> 
     record("soak outcomes: " + ", ".join(f"{k} {v}" for k, v in outcomes.most_common()))
     record(f"soak: firstbyte fds {fds0} -> {fds1} (tolerance +{FD_TOLERANCE}); "
            f"RSS {rss0:.1f} -> {rss1:.1f} MB (tolerance +{RSS_TOLERANCE_MB:g} MB); upstream open {up.open}")
+    record(f"soak: /healthz p99 {probe.p99 * 1000:.0f} ms, worst {probe.worst * 1000:.0f} ms over "
+           f"{probe.asked} asks (limits {SOAK_P99 * 1000:.0f} ms and {HEALTHZ_WORST * 1000:.0f} ms)")
     assert sum(outcomes.values()) == SOAK_REQUESTS
+    assert probe.p99 < SOAK_P99, "firstbyte's loop stalls under the soak"
+    assert probe.worst < HEALTHZ_WORST, "firstbyte froze"
     assert up.open == 0
     assert fds1 <= fds0 + FD_TOLERANCE
     assert rss1 - rss0 <= RSS_TOLERANCE_MB

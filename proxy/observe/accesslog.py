@@ -96,7 +96,7 @@ def _text_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     text = str(value)
-    if _BARE.match(text) and '"' not in text:
+    if _BARE.fullmatch(text) and '"' not in text:  # fullmatch: "$" alone lets a trailing newline through
         return text
     return json.dumps(text, ensure_ascii=True)
 
@@ -146,7 +146,9 @@ def format_text(finished: Finished) -> str:
                       f"cost_usd={_num(d.cost_usd, '.6f')}")
         else:
             tokens = f"prompt_tokens=- completion_tokens=- cost_usd={_num(d.cost_usd, '.6f')}"
-        decision = orjson.dumps(d.header()).decode()  # always quoted: it holds spaces and ';'
+        header = d.header()
+        # Always quoted (it holds spaces and ';'); ASCII in practice, escaped like any other value if not.
+        decision = orjson.dumps(header).decode() if header.isascii() else json.dumps(header, ensure_ascii=True)
     error = "" if finished.error is None else f" error={_text_value(finished.error)}"
     return (f"{_iso(finished.started)} id={rid} client={t(finished.client)} method={t(finished.method)} "
             f"path={t(finished.path)} status={finished.status} {routed} "
@@ -154,9 +156,16 @@ def format_text(finished: Finished) -> str:
             f"total={finished.total:.3f} bytes={finished.bytes_sent} {tokens}{error} decision={decision}")
 
 
+# Characters JSON allows raw inside a string (orjson escapes only those below 0x20) that
+# line-splitting readers (Python's splitlines, JavaScript) take for line ends: a client's path
+# must not start a new log line in any of them.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def format_json(finished: Finished) -> str:
     """One JSON object for jq, Vector or Loki; unknown values are null, never absent."""
-    return orjson.dumps(_fields(finished)).decode()
+    line = orjson.dumps(_fields(finished)).decode()
+    return line if line.isascii() else line.translate(_LINE_BREAKS)
 
 
 class AccessLog:

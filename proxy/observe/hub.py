@@ -97,6 +97,8 @@ class Hub:
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
         self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at)
+        for guard in gateway.guards:
+            self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()
 
     async def close(self) -> None:

@@ -61,6 +61,7 @@ OUTCOME_WORDS = frozenset(
         "untranslatable",
         "oversized",
         "error",  # an error event or body inside a 2xx, before the first token
+        "invalid",  # a buffered 2xx that is not a JSON object
         "empty",  # a stream that ended before any content
         "malformed",
         "lost",  # a racer cancelled because another committed first
@@ -169,6 +170,15 @@ class Metrics:
         self.reload_at = Gauge(
             "firstbyte_config_last_reload_success_timestamp_seconds",
             "Epoch seconds of the last config load that was taken.",
+            registry=r,
+        )
+        self.connections = Gauge(
+            "firstbyte_connections", "Client connections open now, per listener.", registry=r
+        )
+        self.connections_closed = Counter(
+            "firstbyte_connections_closed_total",
+            "Client connections firstbyte cut itself, per listener and reason (header_timeout, "
+            "body_timeout, over_capacity: answered 503, refused: closed unanswered past the margin).",
             registry=r,
         )
         self._counts: dict[_Key, int] = {}
@@ -319,6 +329,12 @@ class Metrics:
         labels = {"target": self._target(target)}
         self.breaker_state.set(labels, state)
         self.in_flight.set(labels, in_flight)
+
+    def set_connections(self, listener: str, open_now: int, closed: dict[str, int]) -> None:
+        """A listener's open connections and the ones it cut, by reason (read at scrape time)."""
+        self.connections.set({"listener": listener}, open_now)
+        for reason, count in closed.items():
+            self.connections_closed.set({"listener": listener, "reason": reason}, count)
 
     def set_ledger_dropped(self, count: int) -> None:
         self.ledger_dropped.set({}, count)

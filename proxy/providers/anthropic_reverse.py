@@ -15,6 +15,7 @@ import orjson
 
 from ..errors import StreamError
 from .anthropic_wire import SseDecoder, TranslationError, parse_arguments, tool_call_of
+from .tokens import token_count
 
 __all__ = [
     "OpenAIStreamError",
@@ -239,11 +240,12 @@ def stop_reason(finish: str | None) -> str:
 
 def anthropic_usage(usage: Json) -> Json:
     """OpenAI's prompt_tokens include cached ones; Anthropic counts cache reads apart."""
-    prompt = usage.get("prompt_tokens") or 0
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    prompt = token_count(usage.get("prompt_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = min(prompt, token_count(details.get("cached_tokens"))) if isinstance(details, dict) else 0
     out: Json = {
         "input_tokens": prompt - cached,
-        "output_tokens": usage.get("completion_tokens") or 0,
+        "output_tokens": token_count(usage.get("completion_tokens")),
     }
     if cached:
         out["cache_read_input_tokens"] = cached
@@ -319,8 +321,8 @@ class OpenAIStreamToAnthropic:
         out = self._start(chunk.get("id"))
         if isinstance(chunk.get("usage"), dict):
             self._upstream_usage = chunk["usage"]
-            prompt = self._upstream_usage.get("prompt_tokens") or 0
-            completion = self._upstream_usage.get("completion_tokens") or 0
+            prompt = token_count(self._upstream_usage.get("prompt_tokens"))
+            completion = token_count(self._upstream_usage.get("completion_tokens"))
             self.usage = {
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,

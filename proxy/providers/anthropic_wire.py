@@ -13,7 +13,10 @@ from typing import Any
 
 import orjson
 
-from ..errors import FirstbyteError, StreamError, error_body, error_type
+from ..bounds import MAX_EVENT_BYTES
+from ..errors import FirstbyteError, StreamError, StreamTooLarge, error_body, error_type
+from ..memory import trim
+from .tokens import token_count
 
 __all__ = [
     "AnthropicStreamError",
@@ -296,12 +299,14 @@ def finish_reason(stop_reason: str | None) -> str:
 def usage_from_anthropic(usage: Json) -> dict[str, int]:
     """Anthropic counts cache reads and writes apart from ``input_tokens``; OpenAI's
     ``prompt_tokens`` includes them, and so does the price of a call."""
+    if not isinstance(usage, dict):  # an upstream's JSON: anything may stand here
+        usage = {}
     prompt = (
-        (usage.get("input_tokens") or 0)
-        + (usage.get("cache_creation_input_tokens") or 0)
-        + (usage.get("cache_read_input_tokens") or 0)
+        token_count(usage.get("input_tokens"))
+        + token_count(usage.get("cache_creation_input_tokens"))
+        + token_count(usage.get("cache_read_input_tokens"))
     )
-    completion = usage.get("output_tokens") or 0
+    completion = token_count(usage.get("output_tokens"))
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -314,33 +319,55 @@ def usage_from_anthropic(usage: Json) -> dict[str, int]:
 
 class SseDecoder:
     """Cut a server-sent-events byte stream into ``(event, data)`` pairs, whatever the read
-    boundaries (mid-line, mid-character, one byte at a time)."""
+    boundaries (mid-line, mid-character, one byte at a time).
+
+    What is held has no newline, so a read is searched only for its own bytes and
+    lines are cut by position, the buffer trimmed once per read: an event that
+    arrives over many reads costs its length once. An event (its data lines and
+    the line in progress) past ``MAX_EVENT_BYTES`` raises :class:`StreamTooLarge`,
+    after the complete events of the same read have been handed back.
+    """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._event: str | None = None
         self._data: list[bytes] = []
+        self._size = 0  # bytes in _data
+        self._over = False
 
     def feed(self, data: bytes) -> list[tuple[str | None, bytes]]:
-        self._buffer += data
+        if self._over:
+            raise StreamTooLarge(MAX_EVENT_BYTES)
+        buffer = self._buffer
+        scan = len(buffer)
+        buffer += data
         events: list[tuple[str | None, bytes]] = []
-        while (end := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
+        start = 0
+        while (end := buffer.find(b"\n", scan)) >= 0:
+            line = bytes(buffer[start:end])
+            start = scan = end + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
                 if self._data:
                     events.append((self._event, b"\n".join(self._data)))
-                self._event, self._data = None, []
+                self._event, self._data, self._size = None, [], 0
                 continue
             field, _, value = line.partition(b":")
             if value.startswith(b" "):
                 value = value[1:]
             if field == b"data":
                 self._data.append(value)
+                self._size += len(value) + 1
             elif field == b"event":
                 self._event = value.decode("utf-8", "replace")
+        if start:
+            del buffer[:start]
+        if len(buffer) + self._size > MAX_EVENT_BYTES:
+            self._buffer, self._data, self._size, self._over = bytearray(), [], 0, True
+            trim()  # see proxy/memory.py
+            if not events:
+                raise StreamTooLarge(MAX_EVENT_BYTES)
         return events
 
 
@@ -456,7 +483,8 @@ class AnthropicStreamToOpenAI:
 
     def _count(self, usage: Json) -> None:
         """message_delta counts are cumulative and may omit fields: overwrite what is given."""
-        self._upstream_usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
+        if isinstance(usage, dict):
+            self._upstream_usage.update({k: token_count(v) for k, v in usage.items() if isinstance(v, int | str)})
         self.usage = usage_from_anthropic(self._upstream_usage)
 
     def _chunk(self, delta: Json, finish: str | None = None) -> bytes:

@@ -29,6 +29,14 @@ _OVERFLOW_MARKERS = (
 )
 
 
+def is_openai_error(body: bytes) -> bool:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("error"), dict)
+
+
 def is_overflow_text(body: bytes) -> bool:
     lowered = body[:4096].lower()
     return any(marker in lowered for marker in _OVERFLOW_MARKERS)
@@ -51,7 +59,8 @@ class OpenAIAdapter:
         return normalise_upstream_error(status, body, f"upstream answered {status}")
 
     def client_error(self, call: Call, status: int, body: bytes) -> bytes:
-        return body
+        """An OpenAI-shape error as it is; anything else (an HTML 403 from a proxy) in that shape."""
+        return body if is_openai_error(body) else normalise_upstream_error(status, body, f"upstream answered {status}")
 
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
         return body

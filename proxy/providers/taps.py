@@ -17,10 +17,14 @@ import re
 
 import orjson
 
+from ..bounds import MAX_EVENT_BYTES
+from ..errors import StreamTooLarge
+from ..memory import trim
 from .anthropic_reverse import OpenAIStreamError
 from .anthropic_reverse import error_event as anthropic_error_event
 from .anthropic_wire import AnthropicStreamError, usage_from_anthropic
 from .first_token import error_of
+from .tokens import token_count
 
 __all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
 
@@ -29,29 +33,64 @@ _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
 
 class _Framer:
-    """Cut bytes into complete SSE events; an event cut by a read waits for its end."""
+    """Cut bytes into complete SSE events; an event cut by a read waits for its end.
+
+    A pending event is held as a list of pieces, and a read searches only its own
+    bytes (and the two held before them, where a boundary may begin), so an event
+    that arrives over many reads costs its length once, not once per read. An
+    event past ``MAX_EVENT_BYTES`` raises :class:`StreamTooLarge`.
+    """
+
+    __slots__ = ("_pending", "_size", "_tail")
 
     def __init__(self) -> None:
-        self._pending = b""
+        self._pending: list[bytes] = []  # truthy while an event waits for its end
+        self._size = 0
+        self._tail = b""  # the last two bytes held: a boundary may straddle two reads
 
     def complete(self, data: bytes) -> bytes:
         """The complete events ``data`` finishes (the prefix up to the last blank line)."""
-        data = self._pending + data if self._pending else data
-        # rfind runs in C: this is called for every chunk of every stream.
-        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
-        end = max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
+        if not self._pending:
+            end = _last_boundary(data)
+            if end == len(data):
+                return data
+            if end < 0:
+                self._hold(data)
+                return b""
+            self._hold(data[end:], data[:end])
+            return data[:end]
+        tail = self._tail
+        end = _last_boundary(tail + data)
         if end < 0:
-            self._pending = data
+            self._hold(data)
             return b""
-        if end == len(data):
-            self._pending = b""
-            return data
-        self._pending = data[end:]
-        return data[:end]
+        end -= len(tail)  # >= 1: what is held has no boundary, so this one ends inside data
+        self._pending.append(data[:end])
+        out = b"".join(self._pending)
+        self._pending, self._size, self._tail = [], 0, b""
+        if end < len(data):
+            self._hold(data[end:], out)
+        return out
+
+    def _hold(self, piece: bytes, partial: bytes = b"") -> None:
+        self._pending.append(piece)
+        self._size += len(piece)
+        self._tail = (self._tail + piece[-2:])[-2:]
+        if self._size > MAX_EVENT_BYTES:
+            self._pending, self._size, self._tail = [], 0, b""
+            trim()  # the megabytes just dropped go back to the system, not to the heap's high-water mark
+            raise StreamTooLarge(MAX_EVENT_BYTES, partial)
 
     def rest(self) -> bytes:
-        rest, self._pending = self._pending, b""
+        rest = b"".join(self._pending)
+        self._pending, self._size, self._tail = [], 0, b""
         return rest
+
+
+def _last_boundary(data: bytes) -> int:
+    """Where the last blank line of ``data`` ends, or -1. rfind runs in C: this sees every read."""
+    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+    return max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
 
 
 def _events(block: bytes) -> list[bytes]:
@@ -159,8 +198,8 @@ class OpenAIUsageTap:
         usage = chunk.get("usage") if isinstance(chunk, dict) else None
         if not isinstance(usage, dict):
             return False
-        prompt = usage.get("prompt_tokens") or 0
-        completion = usage.get("completion_tokens") or 0
+        prompt = token_count(usage.get("prompt_tokens"))
+        completion = token_count(usage.get("completion_tokens"))
         self.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion}
         return not self.keep and not chunk.get("choices")
@@ -235,5 +274,5 @@ class AnthropicUsageTap:
                                        error.get("type") or "api_error")
         usage = payload.get("usage") or (payload.get("message") or {}).get("usage")
         if isinstance(usage, dict):
-            self._upstream.update({k: v for k, v in usage.items() if isinstance(v, int)})
+            self._upstream.update({k: token_count(v) for k, v in usage.items() if isinstance(v, int | str)})
             self.usage = usage_from_anthropic(self._upstream)

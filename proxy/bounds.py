@@ -1,0 +1,41 @@
+"""Every bound on what a client or an upstream can make firstbyte hold or wait for, in one place.
+
+The README's "Security" section lists these with their values; a test per bound
+shows what happens past it. Bounds that a deployment may want to move are config
+keys (``max_body_bytes``, ``connections``); these are the fixed ones.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_MODEL_CHARS",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+    "YIELD_EVERY",
+]
+
+# One server-sent event (everything up to its blank line) from an upstream. Past it the stream is
+# "stream too large": a failover before commit, an error event after. A single answer chunk of
+# 10 MB still passes (the fault drill sends one); an event with no end cannot grow memory.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+# Decoded bytes a compressed upstream body may hand over before the reader gives the event loop a
+# turn. aiohttp inflates a gzip body from bytes already received without waiting for the socket,
+# so without this a fast, highly compressed stream never lets the deadline sweeper or /healthz run.
+YIELD_EVERY = 1024 * 1024
+
+# A request's JSON nesting. orjson reads 1,024 levels but writes only 254, so a body between the
+# two parsed and then failed to go upstream (a 500); real requests (tool schemas included) stay
+# far below this.
+MAX_JSON_DEPTH = 128
+
+# A client's ``model`` when it is not a route name (a pin names provider/upstream-model): it goes
+# into x-route-decision and the access log, so it is bounded in length and character set.
+MAX_MODEL_CHARS = 256
+
+# routes.yaml: nesting and the node count after aliases are expanded (an alias bomb is a few
+# lines that expand to billions of nodes). A real file has a few hundred nodes.
+MAX_YAML_DEPTH = 64
+MAX_YAML_NODES = 100_000

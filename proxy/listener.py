@@ -1,0 +1,301 @@
+"""Client connections: how long each may take, how many may be open, and aiohttp's errors in our shape.
+
+aiohttp alone keeps a connection that trickles its request head for as long as
+its keep-alive timer (about an hour by default), has no body read timeout and
+no cap on connections, so slow clients can hold every file descriptor until
+real requests get empty replies; and it answers its own parser's errors
+(Content-Length with Transfer-Encoding, oversized headers) in plain text.
+
+:class:`Guard` adds those per listener, from ``connections:`` in routes.yaml:
+
+- a request head must be complete within ``header_timeout`` of the connection's
+  opening (or of the first byte of a later request), its body within
+  ``body_timeout`` after that (a 408 in the OpenAI shape; a stalled head is
+  answered 408 and closed);
+- a connection may idle ``keepalive_timeout`` between requests (aiohttp's own timer);
+- past ``max`` open connections a new one has one second to send its request
+  head, which is answered 503 in the OpenAI shape (a real request in a flood
+  gets an answer, not an empty reply), and is then closed; ``max`` is held
+  under what RLIMIT_NOFILE allows, two descriptors per client (its own and an
+  upstream's), so the connections past it, which never reach an upstream,
+  have the other half to live their second in. At ``max`` plus half again,
+  a new connection evicts the one that has waited longest for its head (a
+  slow client's, not a real request's), and only when none is waiting is the
+  newcomer closed unanswered: a flood of idle connections cannot lock real
+  requests out, nor run the descriptors out.
+
+No timer is armed per request: a connection stamps when its head and body
+phases began, and one sweeper task per listener looks at every connection a few
+times per shortest timeout (the same design as ``deadlines.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+from typing import Any, cast
+
+from aiohttp import web
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+
+from .config import Connections
+from .errors import error_body
+from .request import BodyTimeout
+
+__all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
+
+log = logging.getLogger("firstbyte")
+
+OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to ask, then its 503
+LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dropped this long, then close
+FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
+JSON = "application/json"
+CLOSE_REASONS = ("header_timeout", "body_timeout", "over_capacity", "evicted", "refused")
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (a service should not live under 1,024); the soft
+    limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def fd_budget() -> int:
+    """Client connections the descriptor limit can carry: each with one upstream connection, plus
+    half as many again waiting past the cap (one descriptor each)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, (soft - FD_RESERVE) * 2 // 5)
+
+
+class Guard:
+    """The connections of one listener, their deadlines and the counts the metrics read."""
+
+    def __init__(self, limits: Connections, name: str = "main") -> None:
+        self.limits = limits
+        self.name = name
+        self.max = min(limits.max, fd_budget())
+        self.hard_max = self.max + max(8, self.max // 2)
+        self.conns: set[GuardedHandler] = set()
+        self.closed: dict[str, int] = dict.fromkeys(CLOSE_REASONS, 0)
+        shortest = min(limits.header_timeout, limits.body_timeout, OVER_CAPACITY_HEAD_TIMEOUT)
+        self.interval = min(1.0, max(0.02, shortest / 5))
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def open(self) -> int:
+        return len(self.conns)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"connections-{self.name}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.interval)
+            self.sweep(loop.time())
+
+    def make_room(self) -> bool:
+        """At the hard limit: close the connection that has waited longest for a request head."""
+        oldest: GuardedHandler | None = None
+        for conn in self.conns:
+            since = conn.head_since
+            if since is not None and (oldest is None or since < oldest.head_since):  # type: ignore[operator]
+                oldest = conn
+        if oldest is None:
+            return False
+        self.closed["evicted"] += 1
+        self.conns.discard(oldest)
+        oldest.head_since = None
+        oldest.force_close()
+        return True
+
+    def sweep(self, now: float) -> int:
+        """Act on every connection past a deadline; how many there were."""
+        limits = self.limits
+        due = 0
+        for conn in list(self.conns):
+            since = conn.head_since
+            if since is not None:
+                limit = OVER_CAPACITY_HEAD_TIMEOUT if conn.over else limits.header_timeout
+                if now - since > limit:
+                    due += 1
+                    self.closed["header_timeout"] += 1
+                    conn.head_timed_out(limit)
+                continue
+            body = conn.body
+            if body is None:
+                continue
+            if body.is_eof():
+                conn.body = None
+            elif now - conn.body_since > limits.body_timeout:
+                due += 1
+                self.closed["body_timeout"] += 1
+                conn.body = None
+                body.set_exception(BodyTimeout(
+                    f"Request body did not arrive within {limits.body_timeout:g} s "
+                    "(connections.body_timeout)."))
+        return due
+
+
+def _refusal(status: int, message: str, code: str) -> bytes:
+    return error_body(message, "invalid_request_error" if status < 500 else "service_unavailable", code=code)
+
+
+async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
+    """The answer on a connection past the cap: a 503 the client can act on, then close."""
+    body = _refusal(503, "firstbyte has too many client connections open (connections.max); "
+                    "retry in a moment, or reuse a connection.", "too_many_connections")
+    response = web.Response(body=body, status=503, content_type=JSON, headers={"Retry-After": "1"})
+    response.force_close()
+    return response
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's per-connection protocol with the guard's deadlines, cap and error shape."""
+
+    __slots__ = ("_guard", "body", "body_since", "closing", "head_since", "over")
+
+    def __init__(self, manager: web.Server, guard: Guard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self.head_since: float | None = None  # waiting for a request head since then
+        self.body: StreamReader | None = None  # the body being received, until it is whole
+        self.body_since = 0.0
+        self.over = False
+        self.closing = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        guard = self._guard
+        if len(guard.conns) >= guard.hard_max and not guard.make_room():
+            guard.closed["refused"] += 1
+            transport.close()  # every connection is busy with a real request: no room, no answer
+            return
+        over = len(guard.conns) >= guard.max
+        super().connection_made(transport)
+        guard.conns.add(self)
+        self.head_since = self._loop.time()
+        handle = self._keepalive_handle
+        if handle is not None:  # aiohttp's idle timer on a new connection: the head deadline is ours
+            handle.cancel()
+            self._keepalive_handle = None
+        if over:
+            self.over = True
+            self._request_handler = _over_capacity  # this connection only; nothing per request
+            guard.closed["over_capacity"] += 1
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self not in self._guard.conns:
+            return  # refused in connection_made: aiohttp never saw it
+        self._guard.conns.discard(self)
+        self.body = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # answered 408 already: dropped until the linger ends
+        super().data_received(data)
+        messages = self._messages
+        if messages:  # a whole request head arrived
+            self.head_since = None
+            payload = messages[-1][1]
+            if payload is not EMPTY_PAYLOAD and isinstance(payload, StreamReader) and not payload.is_eof():
+                self.body, self.body_since = payload, self._loop.time()
+        elif data and self.head_since is None and (self.body is None or self.body.is_eof()):
+            self.body = None
+            self.head_since = self._loop.time()  # the first byte of the next request
+
+    def head_timed_out(self, limit: float) -> None:
+        """No whole request head in time: say so (408), then close.
+
+        The write side is shut first and what the client still sends is read and dropped for a
+        moment (``LINGER``): closing with its bytes unread would send a reset that can destroy the
+        408 before the client reads it."""
+        self.head_since = None
+        transport = cast(asyncio.Transport | None, self.transport)  # uvloop's is no asyncio subclass
+        if transport is None or transport.is_closing():
+            self.force_close()
+            return
+        body = _refusal(408, f"Request head did not arrive within {limit:g} s "
+                        "(connections.header_timeout).", "header_timeout")
+        transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.closing = True
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._loop.call_later(LINGER, self.force_close)
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """aiohttp's own errors (a head it cannot parse, CL with TE, oversized headers) in the OpenAI
+        shape, logged as one line: a bad request is the client's news, not a traceback."""
+        log.info("refused a malformed request from %s: %s", request.remote,
+                 " ".join(str(message or exc or status).split())[:200])
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response has begun; the error cannot be sent")
+        if status >= 500:
+            text = "firstbyte failed to handle this request; the error is in its log."
+            body = error_body(text, "server_error", code="internal_error")
+        else:
+            first = (str(message or exc or "").strip().splitlines() or ["malformed request"])[0]
+            text = f"Malformed HTTP request: {first[:200]}"
+            body = error_body(text, "invalid_request_error", code=f"http_{status}")
+        response = web.Response(body=body, status=status, content_type=JSON)
+        response.force_close()
+        return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """A body that could not be decoded or did not arrive in time was answered already (400 or
+        408); aiohttp meets the same error again when it drains the rest, which is not news."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, RequestPayloadError | BodyTimeout):
+            log.debug("dropped the rest of a refused request body: %s", exc)
+            return
+        super().log_exception(*args, **kw)
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's Server, making :class:`GuardedHandler` protocols."""
+
+    guard: Guard
+
+    def __call__(self) -> RequestHandler:
+        return GuardedHandler(self, self.guard, loop=self._loop, **self._kwargs)
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner whose connections are kept by ``guard`` (keep-alive from its limits)."""
+
+    def __init__(self, app: web.Application, guard: Guard, **kwargs: Any) -> None:
+        kwargs.setdefault("keepalive_timeout", guard.limits.keepalive_timeout)
+        super().__init__(app, **kwargs)
+        self.guard = guard
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _GuardedServer  # the same object; only its protocol factory differs
+        server.guard = self.guard  # type: ignore[attr-defined]
+        return server
+
+    async def setup(self) -> None:
+        await super().setup()
+        self.guard.start()
+
+    async def cleanup(self) -> None:
+        await self.guard.stop()
+        await super().cleanup()

@@ -1,0 +1,189 @@
+"""Client connections over raw sockets: slow heads and bodies, idle keep-alive, the connection cap,
+aiohttp's own parser errors, the ops listener's 404, and the connection metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.gateway import Gateway
+from proxy.listener import LINGER, Guard, GuardedRunner
+from proxy.observe.hub import Hub
+from proxy.ops import build_ops_app
+
+from .conftest import make_config, ok_handler, openai_provider, route_config
+from .test_request import assert_openai_error, exchange, post_head
+
+CHAT = orjson.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
+FAST = {"header_timeout": 0.3, "body_timeout": 0.3, "keepalive_timeout": 0.3, "max": 8}
+
+
+@pytest.fixture
+async def guarded(upstreams, proxy):
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    return await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                        "connections": FAST})
+
+
+async def closed_within(reader: asyncio.StreamReader, secs: float) -> tuple[bytes, float]:
+    """What the server sent before it closed, and when it closed (the test fails if it never does)."""
+    t0 = time.monotonic()
+    data = await asyncio.wait_for(reader.read(), secs)
+    return data, time.monotonic() - t0
+
+
+@pytest.mark.timeout(10)
+async def test_a_head_trickled_byte_by_byte_is_cut_after_the_header_timeout(guarded):
+    reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
+    head = post_head(len(CHAT))
+
+    async def trickle() -> None:
+        for byte in head[:-2]:  # never the final blank line
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(trickle())
+    data, took = await closed_within(reader, 3)
+    task.cancel()
+    writer.close()
+    assert 0.3 <= took < 1.5
+    status, _, body = data.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 408")
+    assert_openai_error(408, body, 408, "header_timeout")
+
+
+@pytest.mark.timeout(10)
+async def test_a_connection_that_never_speaks_is_closed(guarded):
+    reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
+    _, took = await closed_within(reader, 3)
+    writer.close()
+    assert took < 1.5
+
+
+@pytest.mark.timeout(10)
+async def test_a_body_that_stalls_gets_a_408(guarded):
+    reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
+    writer.write(post_head(len(CHAT)) + CHAT[:10])  # the head, then a tenth of the body, then nothing
+    data, took = await closed_within(reader, 3)
+    writer.close()
+    assert took < 1.5
+    top, _, body = data.partition(b"\r\n\r\n")
+    assert top.startswith(b"HTTP/1.1 408"), data
+    assert_openai_error(408, body, 408, "body_timeout")
+
+
+@pytest.mark.timeout(10)
+async def test_an_idle_keep_alive_connection_is_closed_after_the_keepalive_timeout(guarded):
+    reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = await reader.readuntil(b'"alive"}')
+    assert first.startswith(b"HTTP/1.1 200")
+    rest, took = await closed_within(reader, 3)  # idle now: aiohttp's default would wait an hour
+    writer.close()
+    assert rest == b"" and took < 1.5
+
+
+@pytest.mark.timeout(15)
+async def test_past_the_cap_a_connection_is_answered_503_and_the_cap_recovers(guarded):
+    idle = [await asyncio.open_connection("127.0.0.1", guarded.port) for _ in range(8)]
+    await asyncio.sleep(0.05)
+    status, headers, body = await exchange(guarded.port, post_head(len(CHAT)), CHAT)
+    assert_openai_error(status, body, 503, "too_many_connections")
+    assert headers["retry-after"] == "1"
+    for _, writer in idle:
+        writer.close()
+    await asyncio.sleep(0.1)
+    status, _, body = await exchange(guarded.port, post_head(len(CHAT)), CHAT)
+    assert status == 200, body
+
+
+@pytest.mark.timeout(10)
+async def test_a_connection_past_the_cap_is_closed_within_a_second_even_if_it_says_nothing(guarded):
+    guard = guarded.gateway.guards[0]
+    held = [await asyncio.open_connection("127.0.0.1", guarded.port) for _ in range(guard.max)]
+    await asyncio.sleep(0.05)
+    reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
+    data, took = await closed_within(reader, 3)
+    assert data.startswith(b"HTTP/1.1 408")  # it never asked
+    assert took < 1.5
+    assert guard.closed["over_capacity"] == 1
+    for _, w in [*held, (reader, writer)]:
+        w.close()
+
+
+@pytest.mark.timeout(10)
+async def test_at_the_hard_limit_a_new_connection_evicts_the_longest_idle_one(guarded):
+    guard = guarded.gateway.guards[0]
+    held = []
+    for _ in range(guard.hard_max):
+        held.append(await asyncio.open_connection("127.0.0.1", guarded.port))
+        await asyncio.sleep(0.005)  # the first one has waited longest
+    await asyncio.sleep(0.05)
+    status, _, body = await exchange(guarded.port, post_head(len(CHAT)), CHAT)
+    assert_openai_error(status, body, 503, "too_many_connections")  # an answer, not an empty reply
+    data, _ = await closed_within(held[0][0], 1)
+    assert data == b"" and guard.closed["evicted"] >= 1
+    for _, w in held:
+        w.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", id="content-length-and-chunked"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n",
+                     id="oversized-header"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header Name: 1\r\n\r\n", id="bad-header-name"),
+        pytest.param(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 TLS hello\r\n\r\n", id="tls-to-http"),
+    ],
+)
+async def test_aiohttps_own_parser_errors_answer_in_the_openai_shape(guarded, head):
+    status, _, body = await exchange(guarded.port, head)
+    assert_openai_error(status, body, 400)
+
+
+async def test_the_ops_listener_answers_unknown_paths_in_the_openai_shape():
+    config = make_config({"providers": {"s": {"kind": "simulated"}},
+                          "routes": {"chat": {"targets": [{"provider": "s", "model": "m"}]}}})
+    gw = Gateway(config)
+    runner = GuardedRunner(build_ops_app(gw, None), Guard(config.connections, "ops"))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        status, _, body = await exchange(port, b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        err = assert_openai_error(status, body, 404, "http_404")
+        assert "/healthz" in str(err["message"])
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.timeout(15)
+async def test_connections_and_their_cuts_are_metrics(upstreams, proxy):
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    raw = {**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}), "connections": FAST}
+    hub = Hub(make_config(raw))
+    p = await proxy(raw, observers=hub.observers)
+    held = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(3)]
+    await asyncio.sleep(0.6)  # past the head deadline: all three are cut
+    body, _ = hub.scrape(p.gateway)
+    await asyncio.sleep(LINGER)  # the cut ones are closed after their 408 lingered
+    open_now = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    body2, _ = hub.scrape(p.gateway)
+    for _, w in held + open_now:
+        w.close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    assert samples[("firstbyte_connections_closed_total",
+                    (("listener", "main"), ("reason", "header_timeout")))] == 3
+    later = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for family in text_string_to_metric_families(body2.decode()) for s in family.samples}
+    assert later[("firstbyte_connections", (("listener", "main"),))] == 2

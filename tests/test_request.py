@@ -1,0 +1,164 @@
+"""Hostile client input: encoded bodies, deep JSON, forged model names, odd keys. Raw sockets where a
+client library would tidy the input away; every refusal in the OpenAI error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import zlib
+
+import orjson
+import pytest
+
+from proxy.routing.decision import parse_header
+
+from .conftest import ok_handler, openai_provider, route_config
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def exchange(port: int, head: bytes, body: bytes = b"",
+                   timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    """One request over a raw socket; the status, headers and body of the answer (status 0: none)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    if not raw:
+        return 0, {}, b""
+    top, _, rest = raw.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, rest
+
+
+def post_head(length: int, path: str = "/v1/chat/completions", extra: bytes = b"") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n%s\r\n" % (path.encode(), length, extra))
+
+
+def assert_openai_error(status: int, body: bytes, want: int, code: str | None = None) -> dict[str, object]:
+    assert status == want, body[:300]
+    err = orjson.loads(body)["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert {"message", "type", "param", "code"} <= set(err)
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+@pytest.fixture
+async def gateway(upstreams, proxy):
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                     "max_body_bytes": 2**20})
+    return up, p
+
+
+@pytest.mark.timeout(20)
+async def test_a_gzip_body_is_bounded_by_its_decoded_size(gateway):
+    """Under 1 MiB of gzip (the limit) that inflates to 300 MiB: 413, nothing forwarded."""
+    up, p = gateway
+    inflated = orjson.dumps({**CHAT, "pad": ""})[:-2] + b' ' * (300 * 2**20) + b'""}'
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = compressor.compress(inflated) + compressor.flush()
+    assert len(bomb) < 2**20
+    status, _, body = await exchange(p.port, post_head(len(bomb), extra=b"Content-Encoding: gzip\r\n"), bomb)
+    err = assert_openai_error(status, body, 413, "request_too_large")
+    assert "1048576" in str(err["message"])
+    assert up.calls == []
+
+
+async def test_a_small_gzip_body_is_decoded_and_served(gateway):
+    up, p = gateway
+    packed = gzip.compress(orjson.dumps(CHAT))
+    status, headers, body = await exchange(p.port, post_head(len(packed), extra=b"Content-Encoding: gzip\r\n"),
+                                           packed)
+    assert status == 200, body
+    assert up.calls[-1]["json"]["messages"] == CHAT["messages"]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "payload", "code"),
+    [
+        pytest.param(b"gzip", b"this is not gzip at all", "invalid_body", id="gzip-that-is-not"),
+        pytest.param(b"deflate", b"\x00\x01\x02 nor deflate", "invalid_body", id="deflate-that-is-not"),
+        pytest.param(b"x-unheard-of", orjson.dumps(CHAT), "unsupported_encoding", id="unknown-encoding"),
+    ],
+)
+async def test_a_body_that_cannot_be_decoded_is_a_400(gateway, encoding, payload, code):
+    up, p = gateway
+    status, _, body = await exchange(p.port, post_head(len(payload), extra=b"Content-Encoding: %s\r\n" % encoding),
+                                     payload)
+    assert_openai_error(status, body, 400, code)
+    assert up.calls == []
+
+
+async def test_json_nested_hundreds_deep_is_a_400_not_a_500(gateway):
+    """orjson reads 1,024 levels but writes 254: a body in between used to fail on its way upstream."""
+    up, p = gateway
+    deep = orjson.dumps(CHAT)[:-1] + b', "metadata": ' + b"[" * 300 + b"]" * 300 + b"}"
+    status, _, body = await p.post("/v1/chat/completions", deep)
+    err = assert_openai_error(status, body, 400, "invalid_json")
+    assert "128" in str(err["message"])
+    assert up.calls == []
+
+
+async def test_a_request_with_many_brackets_but_shallow_passes(gateway):
+    up, p = gateway
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object",
+              "properties": {"a": {"type": "array", "items": {"type": "string"}}}}}} for i in range(60)]
+    status, _, body = await p.post("/v1/chat/completions", {**CHAT, "tools": tools})
+    assert status == 200, body
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("up/ok; served=evil", id="header-field-forged"),
+        pytest.param("up/ok, other(200 0.01s)", id="item-forged"),
+        pytest.param("up/mod\u00e8le", id="non-ascii"),
+        pytest.param("up/" + "m" * 900_000, id="900-KB-name"),
+        pytest.param("up/ok\u2028x", id="unicode-line-separator"),
+    ],
+)
+async def test_a_model_that_would_break_the_header_is_refused(gateway, model):
+    up, p = gateway
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "model": model})
+    err = assert_openai_error(status, body, 400, "invalid_model")
+    assert err["param"] == "model"
+    assert "x-route-decision" not in headers
+    assert up.calls == []
+
+
+async def test_crlf_in_model_is_a_400_not_an_empty_reply(gateway):
+    up, p = gateway
+    payload = orjson.dumps({**CHAT, "model": "up/ok\r\nx-injected: 1"})
+    status, headers, body = await exchange(p.port, post_head(len(payload)), payload)
+    assert_openai_error(status, body, 400, "invalid_model")
+    assert "x-injected" not in headers
+    assert up.calls == []
+
+
+async def test_a_plain_pin_still_routes_and_parses(gateway):
+    up, p = gateway
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "model": "up/llama-3.3:70b@v1"})
+    assert status == 200, body
+    decision = parse_header(headers["x-route-decision"])
+    assert decision.route == "up/llama-3.3:70b@v1" and decision.served == "up"
+
+
+async def test_a_client_key_that_is_not_utf8_is_a_401_not_a_500(upstreams, proxy):
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    raw = {**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+           "clients": {"keys_env": "KEYS"}}
+    p = await proxy(raw, {"KEYS": "client-key-1"})
+    payload = orjson.dumps(CHAT)
+    status, _, body = await exchange(p.port, post_head(len(payload), extra=b"Authorization: Bearer \xff\xfe\x80\r\n"),
+                                     payload)
+    assert_openai_error(status, body, 401, "invalid_api_key")
+    status, _, body = await exchange(p.port, post_head(len(payload), extra=b"Authorization: Bearer client-key-1\r\n"),
+                                     payload)
+    assert status == 200, body

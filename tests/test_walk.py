@@ -1,0 +1,117 @@
+"""Upstream answers that claim success and are not: a buffered 2xx that is not JSON, usage whose counts
+are strings. Each used to be a 500 after the walk; now the first fails over (and the breaker hears a
+failure), the second is answered, logged and stored."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.config import AccessLog as AccessLogConfig
+from proxy.observe.accesslog import AccessLog
+from proxy.observe.ledger import Ledger
+
+from .anthropic_fakes import anthropic_provider, message_body
+from .conftest import chat_body, decision_of, ok_handler, openai_provider, route_config
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"<html><body>502 Bad Gateway</body></html>", id="html"),
+        pytest.param(b'{"id": "chatcmpl-1", "choices": [', id="cut-json"),
+        pytest.param(b"[1, 2, 3]", id="json-but-not-an-object"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+async def test_a_buffered_2xx_that_is_not_json_fails_over_and_counts(upstreams, proxy, body, kind):
+    async def liar(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, status=200, content_type="application/json")
+
+    bad = await upstreams({"*": liar})
+    good = await upstreams({"/v1/chat/completions": ok_handler("fine")})
+    providers = {"bad": anthropic_provider(bad.url) if kind == "anthropic" else openai_provider(bad.url),
+                 "good": openai_provider(good.url)}
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
+                                 providers))
+    status, headers, answer = await p.post("/v1/chat/completions", CHAT)
+    assert status == 200, answer
+    assert orjson.loads(answer)["choices"][0]["message"]["content"] == "fine"
+    decision = decision_of(headers)
+    assert decision.attempt_outcomes() == [("bad", "invalid body"), ("good", "200")]
+    bad_state = p.gateway.state.target(("bad", "m"))
+    assert bad_state.breaker.health(p.gateway.clock()).failures == 1  # told the truth, not a success
+    assert p.gateway.state.tracker.samples(("bad", "m")) == 0  # and no figure from a failure
+
+
+async def test_a_lone_target_answering_garbage_is_a_502_in_the_openai_shape(upstreams, proxy):
+    async def liar(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=b"not json", status=200)
+
+    bad = await upstreams({"*": liar})
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}], {"bad": openai_provider(bad.url)}))
+    status, _, body = await p.post("/v1/chat/completions", CHAT)
+    assert status == 502
+    assert orjson.loads(body)["error"]["code"] == "invalid_body"
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "usage", "stream"),
+    [
+        pytest.param("openai", "/v1/chat/completions", {"prompt_tokens": "7", "completion_tokens": "many"}, False,
+                     id="openai-buffered"),
+        pytest.param("anthropic", "/v1/chat/completions", {"input_tokens": "7", "output_tokens": None}, False,
+                     id="anthropic-buffered"),
+        pytest.param("anthropic", "/v1/messages", {"input_tokens": "7", "output_tokens": [1]}, False,
+                     id="anthropic-messages"),
+        pytest.param("openai", "/v1/messages", {"prompt_tokens": "7", "completion_tokens": {"x": 1}}, False,
+                     id="openai-reverse"),
+        pytest.param("openai", "/v1/messages", {"prompt_tokens": "7", "completion_tokens": "x"}, True,
+                     id="openai-reverse-streamed"),
+    ],
+)
+async def test_usage_with_string_counts_is_answered_logged_and_stored(upstreams, proxy, tmp_path, kind, path,
+                                                                      usage, stream):
+    async def odd(request: web.Request) -> web.StreamResponse:
+        if kind == "anthropic":
+            return web.json_response({**message_body(), "usage": usage})
+        if stream:
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await response.prepare(request)
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            tail = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+                    "usage": usage}
+            await response.write(b"data: " + orjson.dumps(tail) + b"\n\ndata: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        return web.json_response({**chat_body(), "usage": usage})
+
+    up = await upstreams({"*": odd})
+    provider = anthropic_provider(up.url) if kind == "anthropic" else openai_provider(up.url)
+    lines = io.StringIO()
+    access = AccessLog(AccessLogConfig(format="json"), stream=lines)
+    ledger = Ledger(str(tmp_path / "ledger.db"), retention_days=30, queue_size=100)
+    await ledger.start()
+    p = await proxy(route_config([{"provider": "up", "model": "m", "price": {"input": 1, "output": 1}}],
+                                 {"up": provider}), observers=[access, ledger])
+    body = {**CHAT, "max_tokens": 5, "stream": stream}
+    status, headers, answer = await p.post(path, body)
+    await access.close()
+    await ledger.close()
+    assert status == 200, answer
+    rid = decision_of(headers).id
+    logged = [orjson.loads(line) for line in lines.getvalue().splitlines()]
+    assert [line["id"] for line in logged] == [rid]
+    assert logged[0]["prompt_tokens"] == 7
+    conn = sqlite3.connect(ledger.path)
+    rows = conn.execute("SELECT id, prompt_tokens FROM decisions").fetchall()
+    conn.close()
+    assert rows == [(rid, 7)]
