@@ -6,7 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from proxy.bounds import MAX_EVENT_BYTES
 from proxy.classify import classify_ended, classify_error
+from proxy.errors import StreamTooLarge
 from proxy.providers.first_token import (
     COMMITTED,
     MAX_OPENING,
@@ -129,6 +131,15 @@ def test_an_opening_past_the_bound_commits_as_it_is_instead_of_growing() -> None
         fed += len(keepalive)
     fed += len(keepalive)
     assert gate.failure is None and MAX_OPENING < fed <= MAX_OPENING + len(keepalive)
+
+
+def test_an_event_with_no_end_before_any_content_is_oversized() -> None:
+    gate = OpenAIFirstToken()
+    assert not gate.feed(b"data: {" + b"x" * (MAX_OPENING * 2))  # a large first event is waited for
+    piece = b"y" * (1 << 20)
+    with pytest.raises(StreamTooLarge):  # past MAX_EVENT_BYTES without its end: failover-safe
+        for _ in range(MAX_EVENT_BYTES // len(piece) + 1):
+            gate.feed(piece)
 
 
 def test_a_drip_fed_event_is_searched_once() -> None:

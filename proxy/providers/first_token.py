@@ -20,6 +20,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from ..bounds import MAX_EVENT_BYTES
+from ..errors import StreamTooLarge
+
 __all__ = [
     "MAX_OPENING",
     "AnthropicFirstToken",
@@ -30,7 +33,10 @@ __all__ = [
     "error_in_body",
 ]
 
-MAX_OPENING = 256 * 1024  # bytes held back before the first token; past it the stream commits as it is
+# Complete events without content held back before the first token; past it the stream commits as it
+# is. One incomplete event may grow to bounds.MAX_EVENT_BYTES first (a large first chunk is content
+# until it ends); past that it is "oversized", a failover before commit.
+MAX_OPENING = 256 * 1024
 
 COMMITTED = "committed"
 
@@ -127,9 +133,12 @@ class FirstToken:
             del text[:start]
         elif start < len(text):
             self._pending = bytearray(text[start:])
-        if self._size > MAX_OPENING:
-            # Holding more would cost memory per stream; an event this large is not a
-            # keep-alive, so it goes on as it is and the relay judges the rest.
+        pending = len(self._pending) if self._pending else 0
+        if pending > MAX_EVENT_BYTES:  # an event with no end, before any content: fail over
+            raise StreamTooLarge(MAX_EVENT_BYTES)
+        if self._size - pending > MAX_OPENING:
+            # Complete events without content past the bound (a keep-alive flood): holding more
+            # would cost memory per stream, so it goes on as it is and the relay judges the rest.
             return COMMITTED
         return None
 
