@@ -9,6 +9,7 @@ benchmarks and the routing-quality harness.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -48,6 +49,8 @@ class Simulator:
         self.started = clock()
         self.rng = random.Random(knobs.seed)
         self.served = 0
+        self.stalled = 0
+        self._due: list[float] = []  # when each call still waiting for its first chunk gets it (a heap)
 
     def current(self) -> Simulate:
         if self.schedule is None:
@@ -55,8 +58,23 @@ class Simulator:
         return self.schedule(self.clock() - self.started)
 
     def _first_delay(self, knobs: Simulate) -> float:
+        """Seconds until this call's first chunk: ``first_chunk_ms`` and its jitter; with
+        ``stall_rate``, sometimes ``stall_ms`` more; with ``load_ms``, that much more for each earlier
+        call still waiting for its own first chunk (a provider slowing with its own concurrency)."""
         jitter = self.rng.uniform(-knobs.jitter_ms, knobs.jitter_ms) if knobs.jitter_ms else 0.0
-        return max(0.0, knobs.first_chunk_ms + jitter) / 1000.0
+        ms = max(0.0, knobs.first_chunk_ms + jitter)
+        if knobs.stall_rate and self.rng.random() < knobs.stall_rate:
+            self.stalled += 1
+            ms += knobs.stall_ms
+        if knobs.load_ms or self._due:
+            now = self.clock()
+            due = self._due
+            while due and due[0] <= now:
+                heapq.heappop(due)
+            ms += knobs.load_ms * len(due)
+            if knobs.load_ms:
+                heapq.heappush(due, now + ms / 1000.0)
+        return ms / 1000.0
 
     async def answer(self, op: str, body: dict[str, Any]) -> SimAnswer:
         knobs = self.current()
