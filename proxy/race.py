@@ -45,7 +45,7 @@ async def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Pl
 
 
 class _Racer:
-    __slots__ = ("measuring", "result", "started", "target", "task")
+    __slots__ = ("measuring", "reserved", "result", "started", "target", "task")
 
     def __init__(self, target: Target, started: float) -> None:
         self.target = target
@@ -53,6 +53,14 @@ class _Racer:
         self.measuring = False  # explored or measured: runs on to its own first token if it loses
         self.result = WalkResult()
         self.task: asyncio.Task[bool] | None = None
+        self.reserved: Any = None  # the target's state, counted in flight until the racer's task runs
+
+
+def _unreserve(racer: _Racer) -> None:
+    ts = racer.reserved
+    if ts is not None:
+        racer.reserved = None
+        ts.in_flight -= 1
 
 
 class _HedgeTimer:
@@ -148,12 +156,18 @@ class Race:
     def _start(self) -> _Racer:
         racer = _Racer(self.queue.pop(0), self.walker.clock())
         self.racers.append(racer)
-        racer.task = asyncio.get_running_loop().create_task(self._run(racer))
+        # In flight from now, not from when its task first runs: requests planned in between (a burst
+        # that arrived together) must see it, or they all pick the same unmeasured target.
+        ts = racer.reserved = self.walker.state.target(racer.target.key)
+        ts.in_flight += 1
+        task = racer.task = asyncio.get_running_loop().create_task(self._run(racer))
+        task.add_done_callback(lambda _task: _unreserve(racer))  # cancelled before it ever ran
         return racer
 
     async def _run(self, racer: _Racer) -> bool:
         """One racer: its target's attempts; True when it answered (or returned a client error)
         and was first to. A later answer is let go at once: it was measured, not served."""
+        _unreserve(racer)  # the attempt counts itself from here on, with no await in between
         over = await self.walker.try_target(racer.result, self.route, racer.target, self.providers,
                                             self.call, racer.target.name == self.rescued)
         if not over:
