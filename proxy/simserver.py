@@ -63,7 +63,7 @@ async def stats(request: web.Request) -> web.Response:
     knobs = sim.current()
     return web.json_response({"name": sim.name, "served": sim.served,
                               "first_chunk_ms": knobs.first_chunk_ms,
-                              "fail_rate": knobs.fail_rate, "stalled": sim.stalled,
+                              "fail_rate": knobs.fail_rate, "stalled": sim.stalled, "cold": sim.cold,
                               "elapsed_s": sim.clock() - sim.started})  # where it is in its schedule
 
 

@@ -50,6 +50,7 @@ class Simulator:
         self.rng = random.Random(knobs.seed)
         self.served = 0
         self.stalled = 0
+        self.cold: int | None = None  # calls begun before the first first chunk went out (a cold start's flood)
         self._due: list[float] = []  # when each call still waiting for its first chunk gets it (a heap)
 
     def current(self) -> Simulate:
@@ -94,10 +95,15 @@ class Simulator:
         words = [f"tok{i} " for i in range(knobs.chunks)]
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            stream = _stream(op, model, words, delay, knobs.chunk_ms / 1000.0, prompt_tokens, usage)
+            stream = _stream(op, model, words, delay, knobs.chunk_ms / 1000.0, prompt_tokens, usage, self)
             return SimAnswer(200, _SSE, None, stream)
         await asyncio.sleep(delay + knobs.chunks * knobs.chunk_ms / 1000.0)
+        self._first_out()
         return SimAnswer(200, _JSON, orjson.dumps(_buffered(op, model, words, prompt_tokens)), None)
+
+    def _first_out(self) -> None:
+        if self.cold is None:
+            self.cold = self.served
 
     def with_knobs(self, **changes: Any) -> None:
         self.knobs = replace(self.knobs, **changes)
@@ -153,9 +159,11 @@ def _chunk(op: str, model: str, created: int, text: str | None, finish: str | No
 
 
 async def _stream(op: str, model: str, words: list[str], delay: float, pace: float,
-                  prompt: int, usage: bool) -> AsyncIterator[bytes]:
+                  prompt: int, usage: bool, sim: Simulator | None = None) -> AsyncIterator[bytes]:
     created = int(time.time())
     await asyncio.sleep(delay)
+    if sim is not None:
+        sim._first_out()
     for i, word in enumerate(words):
         if i:
             await asyncio.sleep(pace)

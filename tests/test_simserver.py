@@ -41,6 +41,7 @@ async def test_simulate_serves_the_openai_shape_over_http(tmp_path: Path, unused
         async with aiohttp.ClientSession() as session, session.get(base[:-3] + "/sim/stats") as resp:
             stats = await resp.json()
         assert stats["served"] == 3
+        assert stats["cold"] == 1 and stats["stalled"] == 0  # one call had begun when the first chunk went out
     finally:
         proc.terminate()
         await proc.wait()
