@@ -381,11 +381,15 @@ def run_one(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: s
         path = tmp / "pool.json"
         path.write_text(json.dumps(config))
         serve = [str(bench.BIN / "firstbyte"), "serve", "--config", str(path)]
+        if args.proxy_dir is not None and strategy != ORACLE:  # a variant of proxy/ (a proposed change)
+            serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", "serve",
+                     "--config", str(path)]
         if strategy == "today-ewma":  # the same firstbyte command, run from a copy of an earlier proxy/
             if args.today is None:
                 raise SystemExit("today-ewma needs --today DIR (a directory holding proxy/ at that commit)")
-            serve = ["env", f"PYTHONPATH={args.today}", sys.executable, "-m", "proxy.cli", "serve",
+            serve = ["env", f"PYTHONPATH={args.today}", sys.executable, "-P", "-m", "proxy.cli", "serve",
                      "--config", str(path)]
+        # -P: the working directory (this checkout) is not put before PYTHONPATH's copy of proxy/.
         commands["firstbyte"] = (serve, fb_port)
         procs.start_many(commands)
         starts = asyncio.run(sim_offsets(ports))
@@ -483,6 +487,9 @@ def main() -> int:
                         f"{' '.join(DEFAULT_STRATEGIES)}; in the race's scenarios {' '.join(RACE_STRATEGIES)})")
     p.add_argument("--today", default=None,
                    help="a directory holding proxy/ as it was before the race, for the today-ewma strategy")
+    p.add_argument("--proxy-dir", default=None,
+                   help="a directory holding a variant of proxy/ to serve every run but the oracle (to measure "
+                        "a proposed routing change without editing proxy/)")
     p.add_argument("--tag", default="", help="suffix of the output files (simulate-pool-TAG.json)")
     args = p.parse_args()
     if args.race_only:
