@@ -27,7 +27,20 @@ new best. A PNG
 per scenario shows each target's scheduled latency and firstbyte's figure for
 it (from ``GET /v1/health``), and each run's share over time.
 
-    scripts/simulate-pool [--quick] [--seconds 6.5] [--concurrency 12] [--explore 0.03]
+The race's scenarios (issue 13) run the oracle, ``fastest-ewma`` (hedge off) and ``fastest-hedge``
+(the same with ``hedge: {}``, firstbyte's hedge defaults unless ``--hedge-after``, ``--max-extra`` or
+``--refresh`` say otherwise): a cold start (1.5 s, 12 at once, the written-first target the slowest),
+a slow target that becomes the fastest a third into a short run at concurrency 4, a leader that stalls
+1.5 s on 3 % of its calls (the oracle ranks targets by expected time, so it is the steady runner-up),
+and a leader whose first token slows with its own concurrency (the oracle pins to the target with the
+least expected time counting its own calls still waiting there). Also reported: p99, duplicate
+upstream calls per request (racers beside the first, read from ``race=``; cross-checked by the
+simulators' own counts of calls begun), and the cold-start flood (calls each simulator had begun when
+its first first chunk went out). ``today-ewma`` with ``--today DIR`` serves ``fastest-ewma`` from an
+earlier copy of ``proxy/``; ``--proxy-dir DIR`` serves every run but the oracle from a variant.
+
+    scripts/simulate-pool [--quick] [--race-only] [--scenarios ...] [--strategies ...] [--seconds S]
+                          [--concurrency N] [--explore 0.03] [--hedge-after p90] [--refresh 5] [--tag T]
 """
 
 from __future__ import annotations
