@@ -516,6 +516,7 @@ def main() -> int:
     p.add_argument("--proxy-dir", default=None,
                    help="a directory holding a variant of proxy/ to serve every run but the oracle (to measure "
                         "a proposed routing change without editing proxy/)")
+    p.add_argument("--dump-calls", action="store_true", help="keep every call's record in the JSON")
     p.add_argument("--tag", default="", help="suffix of the output files (simulate-pool-TAG.json)")
     args = p.parse_args()
     if args.race_only:
@@ -551,6 +552,9 @@ def main() -> int:
         png = chart(scenario, SCENARIOS[scenario], runs, span, tag) if len(runs) > 1 else None
         results[scenario] = {"png": str(png) if png else None, "seconds": seconds, "concurrency": concurrency,
                              "runs": {s: r["summary"] for s, r in runs.items()}}
+        if args.dump_calls:
+            results[scenario]["calls"] = {s: r["calls"] for s, r in runs.items()}
+            results[scenario]["shift_t"] = {s: r["shift_t"] for s, r in runs.items()}
     print(f"\nsimulate-pool — 3 simulated upstreams over HTTP, streamed calls, fastest: explore {explore:g}, "
           f"alpha {alpha:g}; hedge runs: after {hedge['after']}, max_extra {hedge['max_extra']:g}, "
           f"refresh {hedge['refresh']:g} s; time to first chunk at the client (includes the proxy)")
