@@ -489,7 +489,44 @@ def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def spread(values: list[float], spec: str) -> str:
+    """The median of runs and, when there are several, their range."""
+    if not values:
+        return "-"
+    mid = format(statistics.median(values), spec)
+    return mid if len(values) == 1 else f"{mid} [{format(min(values), spec)}-{format(max(values), spec)}]"
+
+
+def summarise_runs(paths: list[str]) -> int:
+    """``--summarise A.json B.json…``: per scenario and run, the median and range over the files of the
+    mean and p99 ratios, x choice, duplicate share and follow; the cold-start flood of each file."""
+    files = [orjson.loads(Path(path).read_bytes()) for path in paths]
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for data in files:
+        for scenario, res in data["results"].items():
+            for strategy, s in res["runs"].items():
+                rows.setdefault((scenario, strategy), []).append(s)
+    print(f"{len(files)} runs: median [range]")
+    print("| scenario | run | x oracle mean | x oracle p99 | x choice | duplicate calls % (sim %) | follow "
+          "| cold A/B/C |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (scenario, strategy), runs in rows.items():
+        if strategy == ORACLE:
+            continue
+        choice = [s["choice_vs_sched"] for s in runs if s["choice_vs_sched"] is not None]
+        follow = [s["follow_requests"] for s in runs if s["follow_requests"] is not None]
+        cold = ", ".join("/".join(str(s["cold_flood"][n]) for n in NAMES) for s in runs)
+        dup = (f"{spread([s['dup_share'] * 100 for s in runs], '.1f')} "
+               f"({spread([s['sim_dup_share'] * 100 for s in runs], '.1f')})")
+        print(f"| {scenario} | {strategy} | {spread([s['vs_oracle'] for s in runs], '.2f')} | "
+              f"{spread([s['p99_vs_oracle'] for s in runs], '.2f')} | {spread(choice, '.2f')} | {dup} | "
+              f"{spread(follow, '.0f')} | {cold} |")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--summarise"]:
+        return summarise_runs(sys.argv[2:])
     p = argparse.ArgumentParser(description="routing quality of each strategy against the oracle")
     p.add_argument("--quick", action="store_true", help=f"runs of at most {QUICK_SECONDS:g} s")
     p.add_argument("--seconds", type=float, default=None,
