@@ -374,6 +374,16 @@ def route_of(args: argparse.Namespace, strategy: str) -> dict[str, Any]:
 
 
 def run_one(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: str) -> dict[str, Any]:
+    """``run_once``, again with fresh ports when a process could not start (on a shared machine another
+    process may take a port between ``free_port`` and the bind)."""
+    try:
+        return run_once(args, tmp, scenario_name, strategy)
+    except RuntimeError as exc:
+        print(f"  retrying: {exc}", file=sys.stderr, flush=True)
+        return run_once(args, tmp, scenario_name, strategy)
+
+
+def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: str) -> dict[str, Any]:
     """Fresh upstreams and a fresh firstbyte; load for the scenario's seconds; the raw calls.
 
     ``strategy`` ``oracle`` serves the route ``ordered`` and pins every request to the scheduled
