@@ -182,6 +182,10 @@ def add_sim_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-rate", type=float, default=0.0, help="share of calls answered with --fail-status")
     p.add_argument("--fail-status", type=int, default=503, help="HTTP status of a simulated failure")
     p.add_argument("--seed", type=int, default=None, help="random seed for jitter and failures")
+    p.add_argument("--stall-rate", type=float, default=0.0, help="share of calls whose first chunk stalls")
+    p.add_argument("--stall-ms", type=float, default=0.0, help="how much longer a stalled first chunk waits")
+    p.add_argument("--load-ms", type=float, default=0.0,
+                   help="first chunk waits this much more per earlier call still waiting for its own")
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -60,6 +60,9 @@ class Simulate:
     fail_rate: float = 0.0
     fail_status: int = 503
     seed: int | None = None
+    stall_rate: float = 0.0  # this share of calls waits ``stall_ms`` more for its first chunk (a tail)
+    stall_ms: float = 0.0
+    load_ms: float = 0.0  # the first chunk waits this much more per earlier call still waiting for its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +323,8 @@ class _Reader:
 
 
 _TIMEOUT_KEYS = ("connect", "first_chunk", "idle", "total")
-_SIM_KEYS = ("first_chunk_ms", "jitter_ms", "chunk_ms", "chunks", "fail_rate", "fail_status", "seed")
+_SIM_KEYS = ("first_chunk_ms", "jitter_ms", "chunk_ms", "chunks", "fail_rate", "fail_status", "seed",
+             "stall_rate", "stall_ms", "load_ms")
 _PROVIDER_KEYS = (
     "kind",
     "base_url",
@@ -384,6 +388,9 @@ def parse_simulate(r: _Reader, raw: Any, path: str) -> Simulate:
         fail_rate=r.number(data, "fail_rate", path, d.fail_rate, low=0, high=1),
         fail_status=r.number(data, "fail_status", path, d.fail_status, low=400, high=599, integer=True),
         seed=r.number(data, "seed", path, None, integer=True),
+        stall_rate=r.number(data, "stall_rate", path, d.stall_rate, low=0, high=1),
+        stall_ms=r.number(data, "stall_ms", path, d.stall_ms, low=0),
+        load_ms=r.number(data, "load_ms", path, d.load_ms, low=0),
     )
 
 

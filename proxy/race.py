@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping
+from typing import Any
 
 from .config import Hedge, Provider, Route, Target
 from .providers import Call
@@ -48,7 +49,7 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
 class _Racer:
     """A target running in a task of its own beside the leader."""
 
-    __slots__ = ("measuring", "result", "started", "target", "task")
+    __slots__ = ("measuring", "reserved", "result", "started", "target", "task")
 
     def __init__(self, target: Target, started: float, measuring: bool) -> None:
         self.target = target
@@ -56,6 +57,14 @@ class _Racer:
         self.measuring = measuring  # explored or measured: runs on to its own first token if it loses
         self.result = WalkResult()
         self.task: asyncio.Task[None] | None = None
+        self.reserved: Any = None  # the target's state, counted in flight until the racer's task runs
+
+
+def _unreserve(racer: _Racer) -> None:
+    ts = racer.reserved
+    if ts is not None:
+        racer.reserved = None
+        ts.in_flight -= 1
 
 
 class _HedgeTimer:
@@ -169,12 +178,18 @@ class Race:
     def _start(self, measuring: bool) -> _Racer:
         racer = _Racer(self.queue.pop(0), self.walker.clock(), measuring)
         self.racers.append(racer)
-        racer.task = asyncio.get_running_loop().create_task(self._run(racer))
+        # In flight from now, not from when its task first runs: requests planned in between (a burst
+        # that arrived together) must see it, or they all pick the same unmeasured target.
+        ts = racer.reserved = self.walker.state.target(racer.target.key)
+        ts.in_flight += 1
+        task = racer.task = asyncio.get_running_loop().create_task(self._run(racer))
+        task.add_done_callback(lambda _task: _unreserve(racer))  # cancelled before it ever ran
         return racer
 
     async def _run(self, racer: _Racer) -> None:
         """One racer: its target's attempts. The first to commit wins (and stops the leader); a
         later answer is let go at once: it was measured, not served."""
+        _unreserve(racer)  # the attempt counts itself from here on, with no await in between
         try:
             over = await self.walker.try_target(racer.result, self.route, racer.target, self.providers,
                                                 self.call, racer.target.name == self.rescued)

@@ -63,7 +63,7 @@ async def stats(request: web.Request) -> web.Response:
     knobs = sim.current()
     return web.json_response({"name": sim.name, "served": sim.served,
                               "first_chunk_ms": knobs.first_chunk_ms,
-                              "fail_rate": knobs.fail_rate,
+                              "fail_rate": knobs.fail_rate, "stalled": sim.stalled, "cold": sim.cold,
                               "elapsed_s": sim.clock() - sim.started})  # where it is in its schedule
 
 
@@ -79,7 +79,8 @@ def build_sim_app(sim: Simulator) -> web.Application:
 def knobs_from_args(args: argparse.Namespace) -> Simulate:
     return Simulate(first_chunk_ms=args.first_chunk_ms, jitter_ms=args.jitter_ms,
                     chunk_ms=args.chunk_ms, chunks=args.chunks, fail_rate=args.fail_rate,
-                    fail_status=args.fail_status, seed=args.seed)
+                    fail_status=args.fail_status, seed=args.seed, stall_rate=args.stall_rate,
+                    stall_ms=args.stall_ms, load_ms=args.load_ms)
 
 
 async def serve_simulator(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ benchmarks and the routing-quality harness.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +50,9 @@ class Simulator:
         self.started = clock()
         self.rng = random.Random(knobs.seed)
         self.served = 0
+        self.stalled = 0
+        self.cold: int | None = None  # calls begun before the first first chunk went out (a cold start's flood)
+        self._due: list[float] = []  # when each call still waiting for its first chunk gets it (a heap)
 
     def current(self) -> Simulate:
         if self.schedule is None:
@@ -56,8 +60,23 @@ class Simulator:
         return self.schedule(self.clock() - self.started)
 
     def _first_delay(self, knobs: Simulate) -> float:
+        """Seconds until this call's first chunk: ``first_chunk_ms`` and its jitter; with
+        ``stall_rate``, sometimes ``stall_ms`` more; with ``load_ms``, that much more for each earlier
+        call still waiting for its own first chunk (a provider slowing with its own concurrency)."""
         jitter = self.rng.uniform(-knobs.jitter_ms, knobs.jitter_ms) if knobs.jitter_ms else 0.0
-        return max(0.0, knobs.first_chunk_ms + jitter) / 1000.0
+        ms = max(0.0, knobs.first_chunk_ms + jitter)
+        if knobs.stall_rate and self.rng.random() < knobs.stall_rate:
+            self.stalled += 1
+            ms += knobs.stall_ms
+        if knobs.load_ms or self._due:
+            now = self.clock()
+            due = self._due
+            while due and due[0] <= now:
+                heapq.heappop(due)
+            ms += knobs.load_ms * len(due)
+            if knobs.load_ms:
+                heapq.heappush(due, now + ms / 1000.0)
+        return ms / 1000.0
 
     async def answer(self, op: str, body: dict[str, Any]) -> SimAnswer:
         knobs = self.current()
@@ -87,10 +106,15 @@ class Simulator:
             return SimAnswer(200, _JSON, orjson.dumps(_script_buffered(op, model, script, prompt_tokens)), None)
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            stream = _stream(op, model, words, delay, knobs.chunk_ms / 1000.0, prompt_tokens, usage)
+            stream = _stream(op, model, words, delay, knobs.chunk_ms / 1000.0, prompt_tokens, usage, self)
             return SimAnswer(200, _SSE, None, stream)
         await asyncio.sleep(delay + knobs.chunks * knobs.chunk_ms / 1000.0)
+        self._first_out()
         return SimAnswer(200, _JSON, orjson.dumps(_buffered(op, model, words, prompt_tokens)), None)
+
+    def _first_out(self) -> None:
+        if self.cold is None:
+            self.cold = self.served
 
     def with_knobs(self, **changes: Any) -> None:
         self.knobs = replace(self.knobs, **changes)
@@ -148,9 +172,11 @@ def _chunk(op: str, model: str, created: int, text: str | None, finish: str | No
 
 
 async def _stream(op: str, model: str, words: list[str], delay: float, pace: float,
-                  prompt: int, usage: bool) -> AsyncIterator[bytes]:
+                  prompt: int, usage: bool, sim: Simulator | None = None) -> AsyncIterator[bytes]:
     created = int(time.time())
     await asyncio.sleep(delay)
+    if sim is not None:
+        sim._first_out()
     for i, word in enumerate(words):
         if i:
             await asyncio.sleep(pace)

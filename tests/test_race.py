@@ -257,3 +257,32 @@ class _Collect:
 
     async def close(self) -> None:
         pass
+
+
+async def test_a_racer_counts_in_flight_from_its_start_so_a_cold_burst_spreads(upstreams, proxy):
+    # Three requests at once on a cold route: the first races a (measured) and b; the next must see
+    # them in flight before their racer tasks have run, so it goes to c, not to a again.
+    a, b, c = Timed(first=0.3), Timed(first=0.3), Timed(first=0.3)
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b, "c": c}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5})
+    sessions = [aiohttp.ClientSession() for _ in range(3)]
+    try:
+        for session in sessions:  # open each connection first, so the three requests arrive together
+            async with session.get(p.url + "/v1/health") as resp:
+                await resp.read()
+
+        async def one(session: aiohttp.ClientSession) -> Any:
+            async with session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+                await resp.read()
+                return decision_of(dict(resp.headers))
+
+        decisions = await asyncio.gather(*(one(s) for s in sessions))
+    finally:
+        for session in sessions:
+            await session.close()
+    firsts = sorted(d.order_names[0] for d in decisions)
+    assert len(c.starts) == 1 and firsts.count("c") == 1  # c, unmeasured and idle, got the second request
+    assert len(a.starts) <= 2
+    await settle(a, b, c, want=len(a.starts) + len(b.starts) + len(c.starts))
+    await asyncio.sleep(0.05)
+    assert [p.gateway.state.target((n, "m")).in_flight for n in "abc"] == [0, 0, 0]  # nothing left counted

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import openai
+import pytest
 
 
 async def test_simulate_serves_the_openai_shape_over_http(tmp_path: Path, unused_tcp_port: int) -> None:
@@ -40,6 +41,35 @@ async def test_simulate_serves_the_openai_shape_over_http(tmp_path: Path, unused
         async with aiohttp.ClientSession() as session, session.get(base[:-3] + "/sim/stats") as resp:
             stats = await resp.json()
         assert stats["served"] == 3
+        assert stats["cold"] == 1 and stats["stalled"] == 0  # one call had begun when the first chunk went out
     finally:
         proc.terminate()
         await proc.wait()
+
+
+def test_a_stall_share_delays_that_share_of_first_chunks() -> None:
+    from proxy.config import Simulate
+    from proxy.simulator import Simulator
+
+    sim = Simulator(Simulate(first_chunk_ms=20, jitter_ms=0, stall_rate=0.1, stall_ms=1500, seed=3))
+    delays = [sim._first_delay(sim.knobs) for _ in range(2000)]
+    stalled = [d for d in delays if d > 1.0]
+    assert set(delays) == {0.02, 1.52}
+    assert 150 <= len(stalled) <= 250 and sim.stalled == len(stalled)
+    plain = Simulator(Simulate(first_chunk_ms=20, jitter_ms=0, seed=3))
+    assert {plain._first_delay(plain.knobs) for _ in range(100)} == {0.02} and plain.stalled == 0
+
+
+def test_a_loaded_simulator_slows_with_the_calls_still_waiting_for_their_first_chunk() -> None:
+    from proxy.config import Simulate
+    from proxy.simulator import Simulator
+
+    now = [100.0]
+    sim = Simulator(Simulate(first_chunk_ms=20, jitter_ms=0, load_ms=10), clock=lambda: now[0])
+    assert sim._first_delay(sim.knobs) == 0.02  # alone: due at 100.02
+    assert sim._first_delay(sim.knobs) == 0.03  # one waiting: due at 100.03
+    assert sim._first_delay(sim.knobs) == 0.04  # two waiting: due at 100.04
+    now[0] = 100.025  # the first has had its first chunk
+    assert sim._first_delay(sim.knobs) == pytest.approx(0.04)  # two still waiting
+    now[0] = 101.0
+    assert sim._first_delay(sim.knobs) == 0.02  # all done: unloaded again

@@ -93,3 +93,19 @@ async def test_the_oracle_run_pins_each_request_to_the_scheduled_best(pool: Modu
     unpinned = await pool.load(f"{p.url}/v1/chat/completions", 3, time.monotonic() + 0.1, starts, scenario,
                                span, f"{p.url}/v1/health")
     assert {c["served"] for c in unpinned["calls"]} == {"A"}
+
+
+def test_duplicates_and_the_served_cost_read_the_race(pool: ModuleType) -> None:
+    assert pool.extra_calls(()) == 0
+    assert pool.extra_calls((("A", "leader"), ("B", "hedge 0.03s"))) == 1
+    assert pool.extra_calls((("C", "explore"), ("A", "leader"))) == 1
+    assert pool.extra_calls((("B", "budget exhausted"),)) == 0  # due, not paid for: no second call
+    k = pool.knobs_at({"first_chunk_ms": 20, "stall_rate": 0.03, "stall_ms": 1500}, 0.0, 1.0)
+    assert pool.expected_ms(k) == 20 + 0.03 * 1500  # the oracle ranks a stalling target by its mean
+    assert pool.served_ms(k, 25.0, "leader") == 20 and pool.served_ms(k, 1530.0, "") == 1520
+    assert pool.served_ms(pool.knobs_at({"first_chunk_ms": 40}, 0.0, 1.0), 80.0, "hedge 0.03s") == 70
+    loaded = {"A": {"first_chunk_ms": 15, "load_ms": 8}, "B": {"first_chunk_ms": 40}, "C": {"first_chunk_ms": 60}}
+    at = {n: 0.0 for n in "ABC"}
+    assert pool.oracle(loaded, at, 1.0) == ("A", 15)
+    assert pool.oracle(loaded, at, 1.0, {"A": 3, "B": 0, "C": 0}) == ("A", 39)
+    assert pool.oracle(loaded, at, 1.0, {"A": 4, "B": 0, "C": 0}) == ("B", 40)  # the oracle's own load counts
