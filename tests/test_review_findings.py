@@ -1,0 +1,54 @@
+"""Review findings on the first-token commit and the race (issues 12, 13), over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from .conftest import decision_of, openai_provider, route_config, status_handler
+from .test_race import CHAT, Timed, race_proxy, settle
+
+
+async def test_a_hedge_that_rejects_the_request_does_not_beat_a_leader_that_answers(upstreams, proxy):
+    """A hedge exists because the leader was slow; its client error (a 400 this target alone gives,
+    e.g. a parameter its model does not take) must not cancel a leader that would have answered.
+    Without hedging the client gets the leader's 200, so hedging made the request worse."""
+    a = Timed(first=0.5, text="from-a")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": status_handler(400, "unsupported param")},
+                              hedge={"after": 0.1})
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "a" and b"from-a" in body, (status, headers.get("x-route-decision"))
+    await settle(a, want=1)
+    assert a.cut == 0
+
+
+async def test_a_measuring_loser_is_not_retried_after_the_answer(upstreams, proxy):
+    """An explored loser runs on only to be measured; once it fails, retrying it (with backoff, after
+    the client already has its answer) buys no figure and is upstream calls nobody paid for."""
+    calls = 0
+
+    async def slow_503(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.1)
+        return web.json_response({"error": {"message": "busy", "type": "server_error"}}, status=503)
+
+    a = Timed(first=0.01, text="from-b")
+    ua = await upstreams({"/v1/chat/completions": slow_503})
+    ub = await upstreams({"/v1/chat/completions": a})
+    p = await proxy(route_config([{"provider": "a", "model": "m", "retry": 2}, {"provider": "b", "model": "m"}],
+                                 {"a": openai_provider(ua.url), "b": openai_provider(ub.url)}, "fastest",
+                                 fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1}))
+    # Cold start: "a" (unmeasured, first) is measured by racing "b", which leads and answers at once.
+    status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "b" and ("a", "measure") in d.race, headers["x-route-decision"]
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert calls >= 1
+    assert calls == 1, f"the measuring loser was called {calls} times after the answer"
+    assert sum(ts.in_flight for ts in p.gateway.state.targets.values()) == 0
