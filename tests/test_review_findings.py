@@ -52,3 +52,42 @@ async def test_a_measuring_loser_is_not_retried_after_the_answer(upstreams, prox
     assert calls >= 1
     assert calls == 1, f"the measuring loser was called {calls} times after the answer"
     assert sum(ts.in_flight for ts in p.gateway.state.targets.values()) == 0
+
+
+async def test_a_client_that_leaves_as_a_racer_commits_leaks_no_slot(upstreams, proxy, monkeypatch):
+    """The client's departure lands in the same turn of the loop as a racer's commit: the request
+    task is cancelled before it can take the winner's lease to the relay. The lease (its upstream
+    connection, the target's in_flight and its limiter slot) must be let go, not held until its
+    600 s total deadline, which only aborts the read and never gives the slot back."""
+    from proxy import race as race_mod
+    from proxy.walk import Walker
+
+    races: list[race_mod.Race] = []
+    orig_init = race_mod.Race.__init__
+
+    def init(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        races.append(self)
+
+    orig_try = Walker.try_target
+
+    async def try_target(self, result, *args, **kwargs):
+        over = await orig_try(self, result, *args, **kwargs)
+        race = races[-1] if races else None
+        if over and result.served and race is not None and asyncio.current_task() is not race.task:
+            race.task.cancel()  # the client hangs up in this very turn
+        return over
+
+    monkeypatch.setattr(race_mod.Race, "__init__", init)
+    monkeypatch.setattr(Walker, "try_target", try_target)
+    a, b = Timed(first=1.0), Timed(first=0.05, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.1})
+    try:
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    except Exception:  # noqa: BLE001 (the server drops the request: the client is gone)
+        pass
+    assert len(b.starts) == 1
+    await settle(a, want=1)
+    await asyncio.sleep(0.3)
+    left = {key: ts.in_flight for key, ts in p.gateway.state.targets.items() if ts.in_flight}
+    assert left == {}, f"in flight after the client left: {left}"
