@@ -127,6 +127,14 @@ class Race:
                 elif await self._lead(self.queue.pop(0)):  # a plain failover: everyone before it failed
                     return self._finish(self.inline)
             return self._finish(self.winner.result, self.winner)
+        except BaseException:
+            # The client left (or the loop is closing) after a racer committed, before its lease
+            # reached the relay: nobody else will let it go.
+            winner = self.winner
+            if winner is not None and winner.result.lease is not None:
+                winner.result.lease.finish()
+                winner.result.lease = None
+            raise
         finally:
             self._disarm()
             for racer in self.racers:
