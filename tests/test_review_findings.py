@@ -123,3 +123,25 @@ async def test_a_finish_reason_error_before_any_content_fails_over(upstreams, pr
     status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 200 and b"from-b0" in body, headers.get("x-route-decision")
     assert decision_of(headers).served == "b"
+
+
+async def test_a_stale_target_the_budget_cannot_race_is_not_sent_clients_inline(upstreams, proxy):
+    """Staleness exploring exists because, under a race, exploring costs the client nothing. When
+    the budget refuses the race, the stale (slow) target must not lead the request alone: that is
+    a gamble a route without `hedge` never takes (``explore: 0`` here), so turning hedging on made
+    clients wait for the slow target every `refresh` seconds."""
+    a, b = Timed(first=0.01, text="fast"), Timed(first=0.3, text="slow")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 0.01, "refresh": 0.3})
+    for _ in range(3):  # cold start: both measured (the bucket's first token pays the first race)
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    await settle(a, b, want=2)
+    slow = []
+    t_end = time.monotonic() + 2.0
+    while time.monotonic() < t_end:
+        t0 = time.monotonic()
+        status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+        if time.monotonic() - t0 > 0.2:
+            slow.append(headers["x-route-decision"])
+        await asyncio.sleep(0.02)
+    assert slow == [], f"{len(slow)} clients waited for the stale target: {slow[:2]}"
