@@ -112,6 +112,11 @@ class Race:
                 self.roles.append(Racer(explored.target.name, "explore" if first_reason == "explore" else "measure"))
                 self.roles.append(Racer(self.queue[0].name, "leader"))
                 self.hedged = True
+            elif first_reason == "explore":
+                # Exploring is free only as a race: unpaid, the explored target waits its turn
+                # behind the leader (a hedge may still start it) instead of making the client wait.
+                self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
+                self.queue.insert(1, self.queue.pop(0))
             else:
                 self.roles.append(Racer(self.queue[1].name, "budget exhausted"))
         try:
