@@ -89,6 +89,7 @@ class Race:
     leader: Target | None = None  # the target running inline now
     leader_started = 0.0
     winner: _Racer | None = None  # a racer that committed first
+    rejected: _Racer | None = None  # a racer's client error, kept while another may still answer
     hedged = False  # one hedge per request: the budget's share is per request
     timer: _HedgeTimer | None = None
     interrupted = False  # a racer won while the leader ran inline: its await was cancelled
@@ -120,6 +121,11 @@ class Race:
                 self.roles.append(Racer(explored.target.name, "explore" if first_reason == "explore" else "measure"))
                 self.roles.append(Racer(self.queue[0].name, "leader"))
                 self.hedged = True
+            elif first_reason == "explore":
+                # Exploring is free only as a race: unpaid, the explored target waits its turn
+                # behind the leader (a hedge may still start it) instead of making the client wait.
+                self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
+                self.queue.insert(1, self.queue.pop(0))
             else:
                 self.roles.append(Racer(self.queue[1].name, "budget exhausted"))
         try:
@@ -128,11 +134,21 @@ class Race:
             while self.winner is None:
                 if self._running():
                     await self._wait()  # the leader failed while racers run: they are ahead of a failover
+                elif self.rejected is not None:  # nobody else answered: the client error is the answer
+                    return self._finish(self.rejected.result, self.rejected)
                 elif not self.queue:
                     return self._finish(self.last)  # everyone failed: the last failure is the answer
                 elif await self._lead(self.queue.pop(0)):  # a plain failover: everyone before it failed
                     return self._finish(self.inline)
             return self._finish(self.winner.result, self.winner)
+        except BaseException:
+            # The client left (or the loop is closing) after a racer committed, before its lease
+            # reached the relay: nobody else will let it go.
+            winner = self.winner
+            if winner is not None and winner.result.lease is not None:
+                winner.result.lease.finish()
+                winner.result.lease = None
+            raise
         finally:
             self._disarm()
             for racer in self.racers:
@@ -192,9 +208,17 @@ class Race:
         _unreserve(racer)  # the attempt counts itself from here on, with no await in between
         try:
             over = await self.walker.try_target(racer.result, self.route, racer.target, self.providers,
-                                                self.call, racer.target.name == self.rescued)
+                                                self.call, racer.target.name == self.rescued,
+                                                self._won if racer.measuring else None)
             if not over:
                 self.last = racer.result
+                return
+            if racer.result.served is None and not self._won() and (
+                    self.leader is not None or any(r is not racer and r.task is not None and not r.task.done()
+                                                   for r in self.racers)):
+                # A client error this target alone may give must not cut a racer that can still
+                # answer (without the race the leader's answer would have been served).
+                self.rejected = self.rejected or racer
                 return
             if not self._won():  # no await since the commit: the first to get here won
                 self.winner = racer

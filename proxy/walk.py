@@ -197,8 +197,10 @@ class Walker:
         return result
 
     async def try_target(self, result: WalkResult, route: Route, target: Target,
-                         providers: Mapping[str, Provider], call: Call, rescue: bool) -> bool:
-        """One target, with its retries; True when the walk is over (an answer or a client error)."""
+                         providers: Mapping[str, Provider], call: Call, rescue: bool,
+                         stop: Callable[[], bool] | None = None) -> bool:
+        """One target, with its retries; True when the walk is over (an answer or a client error).
+        ``stop`` (a racer being measured: has another answered?) ends the retries early."""
         provider = providers[target.provider]
         adapter = adapter_for(provider.kind, call.op, provider.responses)
         try:
@@ -216,10 +218,14 @@ class Walker:
             if hint is not None and hint > MAX_RETRY_AFTER:
                 return False
             if n < target.retry:
+                if stop is not None and stop():
+                    return False  # measured only, and another has answered: a retry buys no figure
                 if hint is not None:
                     await asyncio.sleep(hint)
                 else:
                     await asyncio.sleep(self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)))
+                if stop is not None and stop():
+                    return False
         return False
 
     async def _attempt(self, result: WalkResult, route: Route, target: Target, provider: Provider,

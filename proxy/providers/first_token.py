@@ -211,7 +211,8 @@ class OpenAIFirstToken(FirstToken):
                 for key in _DELTA_CONTENT:
                     if delta.get(key):
                         return True
-            if choice.get("finish_reason") or choice.get("text"):
+            finish = choice.get("finish_reason")
+            if (finish and finish != "error") or choice.get("text"):  # "error": OpenRouter's failed end
                 return True
         return False
 
@@ -240,7 +241,10 @@ class AnthropicFirstToken(FirstToken):
             block = payload.get("content_block")
             if not isinstance(block, dict):
                 return False
-            return block.get("type") != "text" or bool(block.get("text"))
+            kind = block.get("type")
+            if kind == "thinking":  # extended thinking opens every answer with an empty one
+                return bool(block.get("thinking"))
+            return kind != "text" or bool(block.get("text"))
         return kind in ("message_delta", "message_stop")
 
 
