@@ -138,7 +138,7 @@ class Hedge:
     after_percentile: int | None = 90  # the leading target's own pNN of first-token samples
     max_extra: float = 0.1  # at most this share of the route's requests start a second attempt
     explore: bool = True  # exploring and measuring race the leader instead of replacing it
-    refresh_secs: float = 5.0  # under a race, a target not measured for this long is explored
+    refresh_secs: float = 0.5  # under a race, a target not measured for this long is explored
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,7 +612,7 @@ def _hedge(r: _Reader, raw: Any, path: str) -> Hedge | None:
         after_percentile=percentile,
         max_extra=r.number(data, "max_extra", path, 0.1, low=0, high=1),
         explore=r.flag(data, "explore", path, True),
-        refresh_secs=r.number(data, "refresh", path, 5.0, low=0.001),
+        refresh_secs=r.number(data, "refresh", path, 0.5, low=0.001),
     )
 
 

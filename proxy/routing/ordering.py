@@ -17,9 +17,10 @@ than its signal lets it (docs/adr/0006).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Protocol
 
 from ..config import Fastest, Route, Target, TargetKey
@@ -137,7 +138,7 @@ def fastest(
     figures: Figures,
     policy: Fastest,
     rng: random.Random | None,
-    measuring: frozenset[str] = frozenset(),
+    measuring: Mapping[str, int] = MappingProxyType({}),
     stale: str | None = None,
 ) -> tuple[list[Target], str]:
     """Unmeasured first (so they get measured), then fastest first; sometimes explore.
@@ -147,7 +148,9 @@ def fastest(
     names a target to explore because its figure is old (only under a race, where exploring is free).
     """
     unmeasured = [t for t in targets if figures[t.name] is None and t.name not in measuring]
-    busy = [t for t in targets if figures[t.name] is None and t.name in measuring]
+    # Being measured already: least in flight first, so a cold burst spreads over the pool.
+    busy = sorted((t for t in targets if figures[t.name] is None and t.name in measuring),
+                  key=lambda t: measuring[t.name])
     measured = [t for t in targets if figures[t.name] is not None]
     if policy.quality_weight > 0:
         w = policy.quality_weight
@@ -208,7 +211,7 @@ def order_targets(
     if strategy == "weighted":
         out, first = weighted(targets, figures, rng)
     elif strategy == "fastest":
-        measuring = frozenset(t.name for t in targets if figures[t.name] is None and state.in_flight(t.key))
+        measuring = {t.name: n for t in targets if figures[t.name] is None and (n := state.in_flight(t.key))}
         stale = stalest(route, targets, state, now, mode) if explore else None
         out, first = fastest(targets, figures, route.fastest, rng if explore else None, measuring, stale)
     elif strategy == "cheapest":
