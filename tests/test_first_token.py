@@ -6,9 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.bounds import MAX_EVENT_BYTES
 from proxy.classify import classify_ended, classify_error
-from proxy.errors import StreamTooLarge
 from proxy.providers.first_token import (
     COMMITTED,
     MAX_OPENING,
@@ -133,13 +131,11 @@ def test_an_opening_past_the_bound_commits_as_it_is_instead_of_growing() -> None
     assert gate.failure is None and MAX_OPENING < fed <= MAX_OPENING + len(keepalive)
 
 
-def test_an_event_with_no_end_before_any_content_is_oversized() -> None:
+def test_a_large_first_event_is_held_only_to_the_bound() -> None:
     gate = OpenAIFirstToken()
-    assert not gate.feed(b"data: {" + b"x" * (MAX_OPENING * 2))  # a large first event is waited for
-    piece = b"y" * (1 << 20)
-    with pytest.raises(StreamTooLarge):  # past MAX_EVENT_BYTES without its end: failover-safe
-        for _ in range(MAX_EVENT_BYTES // len(piece) + 1):
-            gate.feed(piece)
+    assert not gate.feed(b"data: {" + b"x" * (MAX_OPENING // 2))  # its end may still bring content
+    assert gate.feed(b"x" * MAX_OPENING) and gate.failure is None  # past the bound: on as it is
+    assert len(gate.held) == 7 + MAX_OPENING // 2 + MAX_OPENING
 
 
 def test_a_drip_fed_event_is_searched_once() -> None:

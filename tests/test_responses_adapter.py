@@ -336,7 +336,11 @@ async def test_a_passthrough_stream_cut_ends_with_an_error_event_numbered_on(raw
             "id": "resp_up", "object": "response", "created_at": 1, "status": "in_progress", "model": "gpt-5",
             "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
             "incomplete_details": None, "instructions": None, "metadata": {}, "temperature": 1, "top_p": 1}}
+        delta = {"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_up",
+                 "output_index": 0, "content_index": 0, "delta": "Hel", "logprobs": []}
         body = b"event: response.created\ndata: " + orjson.dumps(created) + b"\n\n"
+        # a first token, so the stream commits (docs/adr/0007); a cut before it would fail over instead
+        body += b"event: response.output_text.delta\ndata: " + orjson.dumps(delta) + b"\n\n"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 100000\r\n\r\n" + body)
         await writer.drain()
 
@@ -345,5 +349,6 @@ async def test_a_passthrough_stream_cut_ends_with_an_error_event_numbered_on(raw
                                  {"oai": openai_provider(up.url, responses=True)}))
     stream = await sdk(p.url).responses.create(model="chat", input="hi", stream=True)
     events = [event async for event in stream]
-    assert [(e.type, e.sequence_number) for e in events] == [("response.created", 0), ("error", 1)]
+    assert [(e.type, e.sequence_number) for e in events] == [
+        ("response.created", 0), ("response.output_text.delta", 1), ("error", 2)]
     assert "failed after it started" in events[-1].message
