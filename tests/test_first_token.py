@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from proxy.classify import classify_ended, classify_error
+from proxy.errors import StreamTooLarge
 from proxy.providers.first_token import (
     COMMITTED,
     MAX_OPENING,
@@ -131,11 +132,19 @@ def test_an_opening_past_the_bound_commits_as_it_is_instead_of_growing() -> None
     assert gate.failure is None and MAX_OPENING < fed <= MAX_OPENING + len(keepalive)
 
 
-def test_a_large_first_event_is_held_only_to_the_bound() -> None:
+def test_a_large_first_event_that_begins_as_content_goes_on_past_the_bound() -> None:
     gate = OpenAIFirstToken()
-    assert not gate.feed(b"data: {" + b"x" * (MAX_OPENING // 2))  # its end may still bring content
+    start = b'data: {"choices": [{"delta": {"content": "' + b"x" * (MAX_OPENING // 2)
+    assert not gate.feed(start)  # its end may still bring content
     assert gate.feed(b"x" * MAX_OPENING) and gate.failure is None  # past the bound: on as it is
-    assert len(gate.held) == 7 + MAX_OPENING // 2 + MAX_OPENING
+    assert len(gate.held) == len(start) + MAX_OPENING
+
+
+def test_a_large_event_with_no_end_before_any_content_is_oversized() -> None:
+    gate = OpenAIFirstToken()
+    assert not gate.feed(ROLE + b"data: " + b"x" * (MAX_OPENING // 2))
+    with pytest.raises(StreamTooLarge):  # a failover before commit; nothing held past the bound
+        gate.feed(b"x" * MAX_OPENING)
 
 
 def test_a_drip_fed_event_is_searched_once() -> None:

@@ -16,9 +16,12 @@ an outcome like its HTTP twin's.
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 import orjson
+
+from ..errors import StreamTooLarge
 
 __all__ = [
     "MAX_OPENING",
@@ -30,9 +33,10 @@ __all__ = [
     "error_in_body",
 ]
 
-# Bytes held back before the first token; past it the stream commits as it is. Holding up to
-# bounds.MAX_EVENT_BYTES per stream instead (to fail an event with no end over before commit) was
-# tried: the fault drill's soak then grew RSS by 32 MB, against 13 MB with this bound.
+# Bytes held back before the first token. Past it the stream commits as it is, unless what is held
+# is one event that does not begin as content: that is "oversized", a failover (see _scan). Holding
+# up to bounds.MAX_EVENT_BYTES per stream instead was tried: the fault drill's soak then grew RSS by
+# 32 MB, against 13 MB with this bound.
 MAX_OPENING = 256 * 1024
 
 COMMITTED = "committed"
@@ -127,9 +131,13 @@ class FirstToken:
             self._buf = bytearray(data)  # undecided: from now on it is held, once
         self._start = start
         if len(self._buf) > MAX_OPENING:
-            # Holding more would cost memory per stream: a keep-alive flood, or one large event
-            # (a 10 MB first chunk, or an event with no end, which the relay's framer cuts at
-            # bounds.MAX_EVENT_BYTES with an error event) goes on as it is.
+            # Holding more would cost memory per stream. A keep-alive flood, or one large event that
+            # begins as content (a 10 MB first chunk), goes on as it is; one large event that does
+            # not (an event with no end, garbage) is oversized: a failover before commit.
+            pending = self._buf[start:start + 4096]
+            if len(self._buf) - start > MAX_OPENING and not _BEGINS_AS_CONTENT.search(pending):
+                self._buf = None
+                raise StreamTooLarge(MAX_OPENING)
             return COMMITTED
         return None
 
@@ -165,6 +173,9 @@ class FirstToken:
 
     def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
         raise NotImplementedError
+
+
+_BEGINS_AS_CONTENT = re.compile(rb'"(?:content|text|delta|arguments|partial_json|thinking)"\s*:\s*"[^"]')
 
 
 def _boundary(text: bytes | bytearray, pos: int) -> tuple[int, int]:
