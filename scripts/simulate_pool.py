@@ -551,7 +551,8 @@ def main() -> int:
     p.add_argument("--load-weight", type=float, default=None, help="override fastest.load_weight (load-aware runs)")
     p.add_argument("--hedge-after", default=None, help="hedge.after of the hedge runs: seconds or pNN (default p90)")
     p.add_argument("--max-extra", type=float, default=None, help="hedge.max_extra of the hedge runs (default 0.1)")
-    p.add_argument("--refresh", type=float, default=None, help="hedge.refresh of the hedge runs (default firstbyte's, 0.5 s)")
+    p.add_argument("--refresh", type=float, default=None,
+                   help="hedge.refresh of the hedge runs (default firstbyte's, 0.5 s)")
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     p.add_argument("--race-only", action="store_true",
                    help=f"only the race's scenarios ({', '.join(RACE_SCENARIOS)})")
