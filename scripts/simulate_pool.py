@@ -572,7 +572,8 @@ def main() -> int:
     tag = f"-{args.tag}" if args.tag else ""
     explore = Fastest().explore if args.explore is None else args.explore
     alpha = Fastest().alpha if args.alpha is None else args.alpha
-    hedge = {"after": "p90", "max_extra": 0.1, "refresh": 5.0, **hedge_of(args)}
+    # firstbyte's hedge defaults, for the header line (the runs send hedge: {} and the flags)
+    hedge = {"after": "p90", "max_extra": 0.1, "refresh": 0.5, **hedge_of(args)}
     OUT.mkdir(exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-pool-"))
     started = time.monotonic()
