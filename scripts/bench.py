@@ -266,11 +266,13 @@ def hold_phase(args: argparse.Namespace, procs: Procs, gen: Loadgen, long_port: 
         proc = (floor(procs, "hold-floor", port, long_port) if target == "floor"
                 else firstbyte(procs, "hold-fb", port, long_port, tmp))
         url = f"http://127.0.0.1:{port}{PATH}"
-        gen.call({"op": "run", "url": url, "body": BODY, "stream": True, "concurrency": 4, "requests": 8})
+        # The simulator honours max_tokens (a model would): a long stream asks for all its chunks.
+        body = {**BODY, "max_tokens": args.stream_chunks + 8}
+        gen.call({"op": "run", "url": url, "body": body, "stream": True, "concurrency": 4, "requests": 8})
         time.sleep(0.3)
         base = rss_bytes(proc.pid)
         pids = {"proxy": proc.pid, "loadgen": gen.proc.pid}
-        gen.send({"op": "hold", "url": url, "body": BODY, "streams": args.streams, "ramp": args.ramp})
+        gen.send({"op": "hold", "url": url, "body": body, "streams": args.streams, "ramp": args.ramp})
         with sampler(pids) as samples:
             held = gen.read()
             assert held["event"] == "held"
