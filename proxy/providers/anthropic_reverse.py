@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from ..errors import StreamError
-from .anthropic_wire import SseDecoder, TranslationError, parse_arguments, tool_call_of
+from .anthropic_wire import ChatChunkFeed, SseDecoder, TranslationError, parse_arguments, tool_call_of
 from .tokens import token_count
 
 __all__ = [
@@ -264,11 +264,14 @@ def error_event(message: str) -> bytes:
     return _event("error", {"error": {"type": "api_error", "message": message}})
 
 
-class OpenAIStreamToAnthropic:
+class OpenAIStreamToAnthropic(ChatChunkFeed):
     """Translate OpenAI chunks into Anthropic events as they arrive. Anthropic wants one
     content block at a time, so a text run or a tool call opens a block and whatever
     comes next closes it. The closing message_delta waits for ``[DONE]`` because OpenAI
     sends usage in a chunk of its own after the finish_reason."""
+
+    stream_error = OpenAIStreamError
+    malformed = "malformed OpenAI stream chunk"
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -280,28 +283,6 @@ class OpenAIStreamToAnthropic:
         self._blocks = 0
         self._stop_reason: str | None = None
         self._upstream_usage: Json = {}
-
-    def feed(self, data: bytes) -> bytes:
-        """Return the complete Anthropic events that ``data`` finishes (maybe ``b""``);
-        raise ``OpenAIStreamError`` on an error payload."""
-        out = bytearray()
-        try:
-            for _, raw in self._decoder.feed(data):
-                if self.done:
-                    break
-                if raw.strip() == b"[DONE]":
-                    out += self._start() + self._end()
-                    continue
-                try:
-                    chunk = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise OpenAIStreamError(f"malformed OpenAI stream chunk: {raw[:200]!r}",
-                                            "invalid_stream") from exc
-                out += self._on_chunk(chunk)
-        except OpenAIStreamError as exc:
-            exc.partial = bytes(out)
-            raise
-        return bytes(out)
 
     def finish(self) -> bytes:
         """Close the message for an upstream that ended after its finish_reason without

@@ -371,6 +371,45 @@ class SseDecoder:
         return events
 
 
+class ChatChunkFeed:
+    """``feed`` for translators that read an OpenAI chat stream (``anthropic_reverse``,
+    ``responses``): decode events, close on ``[DONE]``, hand each chunk to ``_on_chunk``; on a
+    broken chunk or an error payload raise ``stream_error`` with what was translated before it."""
+
+    stream_error: type[StreamError] = StreamError
+    malformed = "malformed chat stream chunk"
+    done: bool
+    _decoder: SseDecoder
+
+    def feed(self, data: bytes) -> bytes:
+        out = bytearray()
+        try:
+            for _, raw in self._decoder.feed(data):
+                if self.done:
+                    break
+                if raw.strip() == b"[DONE]":
+                    out += self._start() + self._end()
+                    continue
+                try:
+                    chunk = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise self.stream_error(f"{self.malformed}: {raw[:200]!r}", "invalid_stream") from exc
+                out += self._on_chunk(chunk)
+        except self.stream_error as exc:
+            exc.partial = bytes(out)
+            raise
+        return bytes(out)
+
+    def _start(self) -> bytes:
+        raise NotImplementedError
+
+    def _end(self) -> bytes:
+        raise NotImplementedError
+
+    def _on_chunk(self, chunk: Json) -> bytes:
+        raise NotImplementedError
+
+
 def sse_data(payload: Json) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from ..errors import StreamError
-from .anthropic_wire import SseDecoder, TranslationError
+from .anthropic_wire import ChatChunkFeed, SseDecoder, TranslationError
 
 __all__ = [
     "ChatStreamToResponses",
@@ -372,7 +372,7 @@ def chat_to_response(chat: Json, request: Json, model: str) -> Json:
 # --- stream: chat -> Responses ----------------------------------------------------------------
 
 
-class ChatStreamToResponses:
+class ChatStreamToResponses(ChatChunkFeed):
     """Translate chat chunks into Responses events as they arrive.
 
     Each text run and each tool call is one output item: an item opens with
@@ -383,6 +383,8 @@ class ChatStreamToResponses:
     ``response.completed`` waits for ``[DONE]``: the usage chunk comes after the
     finish_reason.
     """
+
+    stream_error = ResponsesStreamError
 
     def __init__(self, request: Json, model: str) -> None:
         self.usage: dict[str, int] | None = None
@@ -399,28 +401,6 @@ class ChatStreamToResponses:
         self._text: list[str] = []
         self._finish: str | None = None
         self._chat_usage: Json | None = None
-
-    def feed(self, data: bytes) -> bytes:
-        """The complete events ``data`` finishes (maybe ``b""``); raises ResponsesStreamError
-        on an error payload, with the events before it in ``partial``."""
-        out = bytearray()
-        try:
-            for _, raw in self._decoder.feed(data):
-                if self.done:
-                    break
-                if raw.strip() == b"[DONE]":
-                    out += self._start() + self._end()
-                    continue
-                try:
-                    chunk = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise ResponsesStreamError(f"malformed chat stream chunk: {raw[:200]!r}",
-                                               "invalid_stream") from exc
-                out += self._on_chunk(chunk)
-        except ResponsesStreamError as exc:
-            exc.partial = bytes(out)
-            raise
-        return bytes(out)
 
     def finish(self) -> bytes:
         """Complete the response for an upstream that ended after its finish_reason without
