@@ -137,7 +137,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .service import run
-    from .simserver import serve_simulator
+    from .sim.server import serve_simulator
 
     try:
         return run(lambda: serve_simulator(args))  # uvloop, like serve: benchmarks share its cost

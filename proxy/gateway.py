@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from .config import Config
-from .deadlines import Deadlines
 from .observe import Finished, Observer
 from .observe.costs import CostRefresher
 from .scrub import Scrubber
 from .state import State
-from .transport import HttpTransport, SimTransport
-from .walk import Walker
+from .walk.deadlines import Deadlines
+from .walk.transport import HttpTransport, SimTransport
+from .walk.walker import Walker
 
 if TYPE_CHECKING:
-    from .listener import Guard
+    from .server.listener import Guard
 
 log = logging.getLogger("firstbyte")
 

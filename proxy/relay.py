@@ -23,8 +23,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .replies import GATEWAY
-from .walk import Lease
+from .server.replies import GATEWAY
+from .walk.walker import Lease
 
 # Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
 DROPPED = frozenset(

@@ -21,11 +21,11 @@ from aiohttp import web
 from .config import Config, load_config, split_listen
 from .errors import ConfigError
 from .gateway import Gateway
-from .listener import Guard, GuardedRunner, fd_budget, raise_fd_limit
 from .observe.hub import Hub
-from .ops import build_ops_app
 from .sdnotify import Notifier
-from .server import build_app
+from .server.app import build_app
+from .server.listener import Guard, GuardedRunner, fd_budget, raise_fd_limit
+from .server.ops import build_ops_app
 
 log = logging.getLogger("firstbyte")
 

@@ -14,9 +14,9 @@ from aiohttp import web
 
 from proxy.config import Config, parse_config
 from proxy.gateway import Gateway
-from proxy.listener import Guard, GuardedRunner
 from proxy.routing.decision import ParsedDecision, parse_header
-from proxy.server import build_app
+from proxy.server.app import build_app
+from proxy.server.listener import Guard, GuardedRunner
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

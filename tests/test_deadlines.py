@@ -9,7 +9,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.deadlines import Deadlines, sweep
+from proxy.walk.deadlines import Deadlines, sweep
 
 from .conftest import chunk_event, openai_provider, route_config
 

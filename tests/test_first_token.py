@@ -6,7 +6,6 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.classify import classify_ended, classify_error
 from proxy.errors import StreamTooLarge
 from proxy.providers.first_token import (
     COMMITTED,
@@ -19,6 +18,7 @@ from proxy.providers.first_token import (
     UpstreamError,
     error_in_body,
 )
+from proxy.walk.classify import classify_ended, classify_error
 
 
 def data(payload: object) -> bytes:

@@ -12,9 +12,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.gateway import Gateway
-from proxy.listener import LINGER, Guard, GuardedRunner
 from proxy.observe.hub import Hub
-from proxy.ops import build_ops_app
+from proxy.server.listener import LINGER, Guard, GuardedRunner
+from proxy.server.ops import build_ops_app
 
 from .conftest import make_config, ok_handler, openai_provider, route_config
 from .test_request import assert_openai_error, exchange, post_head

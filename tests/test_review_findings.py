@@ -60,8 +60,8 @@ async def test_a_client_that_leaves_as_a_racer_commits_leaks_no_slot(upstreams, 
     task is cancelled before it can take the winner's lease to the relay. The lease (its upstream
     connection, the target's in_flight and its limiter slot) must be let go, not held until its
     600 s total deadline, which only aborts the read and never gives the slot back."""
-    from proxy import race as race_mod
-    from proxy.walk import Walker
+    from proxy.walk import race as race_mod
+    from proxy.walk.walker import Walker
 
     races: list[race_mod.Race] = []
     orig_init = race_mod.Race.__init__

@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.simscript import example_of, needs_script, script_for
+from proxy.sim.script import example_of, needs_script, script_for
 
 from .conftest import route_config
 

@@ -49,7 +49,7 @@ async def test_simulate_serves_the_openai_shape_over_http(tmp_path: Path, unused
 
 def test_a_stall_share_delays_that_share_of_first_chunks() -> None:
     from proxy.config import Simulate
-    from proxy.simulator import Simulator
+    from proxy.sim.simulator import Simulator
 
     sim = Simulator(Simulate(first_chunk_ms=20, jitter_ms=0, stall_rate=0.1, stall_ms=1500, seed=3))
     delays = [sim._first_delay(sim.knobs) for _ in range(2000)]
@@ -62,7 +62,7 @@ def test_a_stall_share_delays_that_share_of_first_chunks() -> None:
 
 def test_a_loaded_simulator_slows_with_the_calls_still_waiting_for_their_first_chunk() -> None:
     from proxy.config import Simulate
-    from proxy.simulator import Simulator
+    from proxy.sim.simulator import Simulator
 
     now = [100.0]
     sim = Simulator(Simulate(first_chunk_ms=20, jitter_ms=0, load_ms=10), clock=lambda: now[0])

@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from proxy.bounds import MAX_EVENT_BYTES
-from proxy.classify import classify_exception
 from proxy.errors import StreamTooLarge
 from proxy.providers.anthropic_reverse import OpenAIStreamToAnthropic
 from proxy.providers.anthropic_wire import AnthropicStreamToOpenAI, SseDecoder
 from proxy.providers.taps import AnthropicUsageTap, OpenAIUsageTap
+from proxy.walk.classify import classify_exception
 
 PIECE = b"x" * 2048
 

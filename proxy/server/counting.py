@@ -22,14 +22,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .classify import classify_status
-from .config import Provider, Target
-from .errors import ClientError
-from .gateway import Gateway
-from .providers.anthropic_reverse import openai_error_to_anthropic
+from ..config import Provider, Target
+from ..errors import ClientError
+from ..gateway import Gateway
+from ..providers.anthropic_reverse import openai_error_to_anthropic
+from ..routing.plan import Ask, plan
+from ..walk.classify import classify_status
 from .replies import JSON, request_id
 from .request import CHARS_PER_TOKEN, parse_call, read_body
-from .routing.plan import Ask, plan
 
 __all__ = ["count_tokens", "estimate_input_tokens"]
 

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .gateway import Gateway
-from .observe.hub import Hub
-from .routing.decision import HEADER, Decision
+from ..gateway import Gateway
+from ..observe.hub import Hub
+from ..routing.decision import HEADER, Decision
 
 GATEWAY = web.AppKey("gateway", Gateway)
 HUB = web.AppKey("hub", Hub)

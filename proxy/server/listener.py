@@ -41,8 +41,8 @@ from aiohttp import web
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from .config import Connections
-from .errors import error_body
+from ..config import Connections
+from ..errors import error_body
 from .request import BodyTimeout
 
 __all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]

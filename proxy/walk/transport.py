@@ -13,11 +13,11 @@ from typing import Protocol
 
 import aiohttp
 
-from .bounds import YIELD_EVERY
-from .config import Provider
-from .providers.base import UpstreamRequest
-from .scrub import Scrubber
-from .simulator import Simulator
+from ..bounds import YIELD_EVERY
+from ..config import Provider
+from ..providers.base import UpstreamRequest
+from ..scrub import Scrubber
+from ..sim.simulator import Simulator
 
 
 class Upstream(Protocol):
@@ -118,7 +118,7 @@ class HttpTransport:
         timeout = self._timeouts.get(connect)
         if timeout is None:
             # Only the connect deadline is aiohttp's: first chunk, idle and total are kept by
-            # proxy.deadlines, without a timer armed per attempt or re-armed on every read.
+            # proxy.walk.deadlines, without a timer armed per attempt or re-armed on every read.
             timeout = self._timeouts[connect] = aiohttp.ClientTimeout(total=None, sock_connect=connect)
         return timeout
 

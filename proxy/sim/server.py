@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from .config import Simulate
+from ..config import Simulate
 from .simulator import Simulator
 
 log = logging.getLogger("firstbyte.simulate")

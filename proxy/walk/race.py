@@ -25,13 +25,13 @@ import asyncio
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from .config import Hedge, Provider, Route, Target
-from .providers import Call
-from .routing.decision import Attempt, Racer
-from .routing.hedge import hedge_delay
-from .routing.plan import Plan
-from .state.tracker import BUFFERED, STREAMED
-from .walk import Walker, WalkResult
+from ..config import Hedge, Provider, Route, Target
+from ..providers import Call
+from ..routing.decision import Attempt, Racer
+from ..routing.hedge import hedge_delay
+from ..routing.plan import Plan
+from ..state.tracker import BUFFERED, STREAMED
+from .walker import Walker, WalkResult
 
 __all__ = ["Race", "walk_route"]
 

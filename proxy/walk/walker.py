@@ -20,6 +20,17 @@ from typing import Any
 
 import aiohttp
 
+from ..config import Provider, Route, Target
+from ..errors import error_body, error_type
+from ..providers import Adapter, Call, adapter_for
+from ..providers.anthropic_wire import TranslationError
+from ..providers.base import StreamTranslator, UpstreamRequest
+from ..providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
+from ..routing.decision import Attempt, Racer
+from ..state import State, TargetState
+from ..state.breaker import PROBE, WAIT
+from ..state.limiter import Limiter
+from ..state.tracker import BUFFERED, STREAMED
 from .classify import (
     BUSY,
     INVALID_BODY,
@@ -30,18 +41,7 @@ from .classify import (
     classify_status,
     is_json_object,
 )
-from .config import Provider, Route, Target
 from .deadlines import Deadlines, Expired
-from .errors import error_body, error_type
-from .providers import Adapter, Call, adapter_for
-from .providers.anthropic_wire import TranslationError
-from .providers.base import StreamTranslator, UpstreamRequest
-from .providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
-from .routing.decision import Attempt, Racer
-from .state import State, TargetState
-from .state.breaker import PROBE, WAIT
-from .state.limiter import Limiter
-from .state.tracker import BUFFERED, STREAMED
 from .transport import HttpTransport, SimTransport, Upstream
 
 MAX_RETRY_AFTER = 30.0  # a longer hint abandons the target for now (it is cooled down)
@@ -112,7 +112,7 @@ class _Waiting:
 
     ``asyncio.timeout`` arms and cancels a loop timer per attempt, which measured
     as a noticeable share of a relayed call; the sweeper that already keeps idle
-    and total deadlines (``proxy/deadlines.py``) keeps this one too, and cancels
+    and total deadlines (``proxy/walk/deadlines.py``) keeps this one too, and cancels
     the attempt's task when it passes. The walker turns that cancellation back
     into a timeout, exactly as ``asyncio.timeout`` would.
     """

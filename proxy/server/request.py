@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
-from .errors import ClientError
-from .memory import trim
-from .providers.base import Call
+from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
+from ..errors import ClientError
+from ..memory import trim
+from ..providers.base import Call
 
 CHARS_PER_TOKEN = 4  # a deliberately rough estimate: only used against declared context windows
 

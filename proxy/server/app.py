@@ -16,22 +16,22 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .config import Config
+from ..config import Config
+from ..errors import ClientError, error_body
+from ..gateway import Gateway
+from ..observe import Finished
+from ..observe.hub import Hub
+from ..providers.anthropic_reverse import openai_error_to_anthropic
+from ..providers.usage import priced, usage_of_body
+from ..relay import forward_headers, relay_stream
+from ..routing.decision import HEADER, Decision, header_with
+from ..routing.plan import Ask, plan
+from ..state.tracker import BUFFERED, STREAMED
+from ..walk.race import walk_route
 from .counting import count_tokens
-from .errors import ClientError, error_body
-from .gateway import Gateway
-from .observe import Finished
-from .observe.hub import Hub
 from .ops import add_ops_routes, explain, health, model, models
-from .providers.anthropic_reverse import openai_error_to_anthropic
-from .race import walk_route
-from .relay import forward_headers, relay_stream
 from .replies import GATEWAY, JSON, error_response, request_id
 from .request import check_model, estimate_tokens, parse_call, read_body
-from .routing.decision import HEADER, Decision, header_with
-from .routing.plan import Ask, plan
-from .state.tracker import BUFFERED, STREAMED
-from .usage import priced, usage_of_body
 
 log = logging.getLogger("firstbyte")
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from .config import Simulate
-from .simscript import Script, needs_script, script_for
+from ..config import Simulate
+from .script import Script, needs_script, script_for
 
 SSE_DONE = b"data: [DONE]\n\n"
 

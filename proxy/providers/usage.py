@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from .config import Price
-from .providers.anthropic_wire import usage_from_anthropic
-from .providers.tokens import token_count
-from .routing.decision import Decision
+from ..config import Price
+from ..routing.decision import Decision
+from .anthropic_wire import usage_from_anthropic
+from .tokens import token_count
 
 __all__ = ["cost_of", "priced", "usage_of_body"]
 

@@ -11,15 +11,15 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import Route, Target
-from .errors import error_body
-from .gateway import Gateway
-from .observe.hub import Hub
+from ..config import Route, Target
+from ..errors import error_body
+from ..gateway import Gateway
+from ..observe.hub import Hub
+from ..routing.ordering import load_penalty
+from ..routing.plan import Ask, plan
+from ..routing.score import score_targets
+from ..state.tracker import MODES, STREAMED
 from .replies import GATEWAY, HUB, error_response, json_response, request_id
-from .routing.ordering import load_penalty
-from .routing.plan import Ask, plan
-from .routing.score import score_targets
-from .state.tracker import MODES, STREAMED
 
 
 async def models(request: web.Request) -> web.Response:

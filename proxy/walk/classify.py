@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from .errors import StreamTooLarge
-from .providers.first_token import Ended, UpstreamError
-from .state.limiter import Busy
+from ..errors import StreamTooLarge
+from ..providers.first_token import Ended, UpstreamError
+from ..state.limiter import Busy
 from .transport import BodyTooLarge
 
 
