@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from .config import Config
+from .config import KINDS, Config
 from .observe import Finished, Observer
 from .observe.costs import CostRefresher
 from .scrub import Scrubber
+from .sim.transport import SimTransport
 from .state import State
 from .walk.deadlines import Deadlines
-from .walk.transport import HttpTransport, SimTransport
+from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
 
 if TYPE_CHECKING:
@@ -99,8 +100,9 @@ class Gateway:
             connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self.walker = Walker(self.state, HttpTransport(self.session, self.scrubber), self.sim, clock=self.clock,
-                             deadlines=self.deadlines)
+        http = HttpTransport(self.session, self.scrubber)
+        transports: dict[str, Transport] = {kind: self.sim if kind == "simulated" else http for kind in KINDS}
+        self.walker = Walker(self.state, transports, clock=self.clock, deadlines=self.deadlines)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         # Measured cost per call for the score strategy, from whatever ledger the config names now.
         self.costs = CostRefresher(lambda: self.config.ledger.path, self.state)

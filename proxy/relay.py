@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import aiohttp
-import orjson
 from aiohttp import web
 
+from .errors import StreamError
 from .server.replies import GATEWAY
-from .walk.walker import Lease
+from .walk.lease import Lease
 
 # Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
 DROPPED = frozenset(
@@ -91,11 +91,6 @@ class Meter(Protocol):
     error: str | None
 
 
-def _error_event(message: str, code: str) -> bytes:
-    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + orjson.dumps(err) + b"\n\n"
-
-
 async def relay_stream(
     request: web.Request,
     lease: Lease,
@@ -105,56 +100,22 @@ async def relay_stream(
     meter: Meter,
 ) -> web.StreamResponse:
     response = _CommitResponse(status=status, headers=headers)
-    translator = lease.translator
     failure: str | None = None
-    last = b""  # what leaves with the end of the client's stream
-    ended = False  # the upstream's body ended
     handed_off = False  # the lease is released by its drain, not here
     try:
         await response.prepare(request)
-        data = lease.first
-        read = lease.upstream.chunk
-        while True:
-            try:
-                if translator is not None:
-                    data = _finish(translator) if ended else translator.feed(data)
-            except Exception as exc:  # a translator's verdict on a broken stream
-                failure = f"{type(exc).__name__}: {exc}"
-                partial = getattr(exc, "partial", b"")  # the events before the verdict
-                if partial:
-                    await response.write(partial)
-                    _sent(meter, len(partial), clock)
-                break
-            if translator is not None and translator.done:
-                last = data  # the end marker: the answer is whole
-                break
-            if data:
-                await response.write(data)
-                _sent(meter, len(data), clock)
-            if ended:
-                break
-            try:
-                lease.waiting_since = clock()
-                data = await read()
-                lease.waiting_since = None
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                failure = lease.expired or _describe(exc)
-                break
-            if not data:
-                ended = True
-                if translator is None:
-                    break
-        if failure is None and translator is not None and not translator.done:
+        failure, tail, ended = await _pump(response, lease, clock, meter)
+        last = b""  # what leaves with the end of the client's stream
+        if failure is not None:
+            if tail:  # the events before the translator's verdict
+                await response.write(tail)
+                _sent(meter, len(tail), clock)
+        elif lease.translator.done:
+            last = tail  # the end marker: the answer is whole
+        else:
             failure = "the upstream stream ended before its end marker"
         if failure is not None:
-            failure = request.app[GATEWAY].scrubber.text(failure)  # an upstream's words may quote its key
-            meter.error = failure
-            message = (f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
-                       "the answer is incomplete.")
-            make = getattr(translator, "error_event", None)
-            event = make(message) if make is not None else _error_event(message, "stream_interrupted")
-            await response.write(event)
-            meter.sent += len(event)
+            failure = await _fail(request, response, lease, failure, meter)
         elif last:
             _sent(meter, len(last), clock)
         await response.write_eof(last)
@@ -173,16 +134,57 @@ async def relay_stream(
     return response
 
 
+async def _pump(response: web.StreamResponse, lease: Lease, clock: Callable[[], float],
+                meter: Meter) -> tuple[str | None, bytes, bool]:
+    """Translate and write until the stream's end marker, a break or the upstream's end.
+
+    Returns the failure (None for an answer that came whole or ended without its marker), the
+    bytes to leave last (the end marker's write, or what a broken stream translated before its
+    break), and whether the upstream's body ended."""
+    translator = lease.translator
+    data = lease.first
+    read = lease.upstream.chunk
+    ended = False
+    while True:
+        try:
+            data = translator.finish() if ended else translator.feed(data)
+        except Exception as exc:  # a translator's verdict on a broken stream
+            partial = exc.partial if isinstance(exc, StreamError) else b""
+            return f"{type(exc).__name__}: {exc}", partial, ended
+        if translator.done:
+            return None, data, ended
+        if data:
+            await response.write(data)
+            _sent(meter, len(data), clock)
+        if ended:
+            return None, b"", ended
+        try:
+            lease.waiting_since = clock()
+            data = await read()
+            lease.waiting_since = None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return lease.expired or _describe(exc), b"", ended
+        if not data:
+            ended = True
+
+
+async def _fail(request: web.Request, response: web.StreamResponse, lease: Lease, failure: str,
+                meter: Meter) -> str:
+    """End a broken stream with the translator's error event; returns the failure scrubbed."""
+    failure = request.app[GATEWAY].scrubber.text(failure)  # an upstream's words may quote its key
+    meter.error = failure
+    message = (f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
+               "the answer is incomplete.")
+    event = lease.translator.error_event(message)
+    await response.write(event)
+    meter.sent += len(event)
+    return failure
+
+
 def _sent(meter: Meter, size: int, clock: Callable[[], float]) -> None:
     if meter.first_sent is None:
         meter.first_sent = clock()
     meter.sent += size
-
-
-def _finish(translator: object) -> bytes:
-    """What a translator still holds when the upstream ends (a passthrough's last bytes)."""
-    finish = getattr(translator, "finish", None)
-    return finish() if finish is not None else b""
 
 
 def _describe(exc: BaseException) -> str:

@@ -69,7 +69,7 @@ class AnthropicAdapter:
         answer = anthropic_to_openai_response(orjson.loads(body), target.model, created=int(time.time()))
         return orjson.dumps(answer)
 
-    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
         if call.op == "messages":
             return AnthropicUsageTap()
         return AnthropicStreamToOpenAI(target.model, call.wants_usage, created=int(time.time()))

@@ -16,6 +16,7 @@ import orjson
 from ..bounds import MAX_EVENT_BYTES
 from ..errors import FirstbyteError, StreamError, StreamTooLarge, error_body, error_type
 from ..memory import trim
+from .base import openai_error_event
 from .tokens import token_count
 
 __all__ = [
@@ -452,6 +453,13 @@ class AnthropicStreamToOpenAI:
             exc.partial = bytes(out)
             raise
         return bytes(out)
+
+    def finish(self) -> bytes:
+        """Nothing is held back: an end without ``message_stop`` is the cut the relay reports."""
+        return b""
+
+    def error_event(self, message: str) -> bytes:
+        return openai_error_event(message)
 
     def _on_event(self, kind: str | None, event: Json) -> bytes:
         if kind == "message_start":

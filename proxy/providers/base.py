@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from ..config import Provider, Target
 from .first_token import FirstToken
 
@@ -45,12 +47,30 @@ class UpstreamRequest:
 
 
 class StreamTranslator(Protocol):
-    """Turns one provider's stream bytes into the client's (OpenAI SSE) bytes, incrementally."""
+    """Turns one provider's stream bytes into the client's bytes, incrementally.
 
-    done: bool
+    Everything the relay asks of a committed stream, so it needs no special case per shape."""
+
+    done: bool  # the end marker has been translated: the answer is whole
     usage: dict[str, int] | None  # OpenAI-shape token counts, once the stream has said them
 
-    def feed(self, data: bytes) -> bytes: ...
+    def feed(self, data: bytes) -> bytes:
+        """The client's bytes for ``data``; a broken stream raises a ``StreamError``."""
+        ...
+
+    def finish(self) -> bytes:
+        """What is still held when the upstream's body ends."""
+        ...
+
+    def error_event(self, message: str) -> bytes:
+        """The event that ends a stream broken after commit, in the client's shape."""
+        ...
+
+
+def openai_error_event(message: str) -> bytes:
+    """The relay's closing error event in OpenAI's stream shape."""
+    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
+    return b"data: " + orjson.dumps(err) + b"\n\n"
 
 
 class Adapter(Protocol):
@@ -70,7 +90,9 @@ class Adapter(Protocol):
         """A buffered 2xx body in the client's shape."""
         ...
 
-    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None: ...
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
+        """The translator of a committed stream (asked only of streamed calls)."""
+        ...
 
     def first_token(self, call: Call) -> FirstToken:
         """The gate that holds this provider's stream back until its first token."""

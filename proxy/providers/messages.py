@@ -53,7 +53,7 @@ class ReverseMessages:
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
         return orjson.dumps(openai_to_anthropic_response(orjson.loads(body), target.model))
 
-    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
         return _MessagesStream(target.model)
 
     def first_token(self, call: Call) -> FirstToken:

@@ -65,8 +65,8 @@ class OpenAIAdapter:
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
         return body
 
-    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
-        return OpenAIUsageTap(keep_usage_chunk=call.wants_usage) if call.stream else None
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
+        return OpenAIUsageTap(keep_usage_chunk=call.wants_usage)
 
     def first_token(self, call: Call) -> FirstToken:
         return OpenAIFirstToken()

@@ -86,8 +86,8 @@ class ResponsesUsageTap:
 class PassthroughResponses(OpenAIAdapter):
     """An OpenAI provider that serves the Responses API itself (``responses: true``)."""
 
-    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
-        return ResponsesUsageTap() if call.stream else None
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
+        return ResponsesUsageTap()
 
     def first_token(self, call: Call) -> FirstToken:
         return ResponsesFirstToken()  # the upstream streams Responses events, not chat chunks
@@ -165,7 +165,7 @@ class TranslatedResponses:
     def first_token(self, call: Call) -> FirstToken:
         return self.inner.first_token(replace(call, op="chat"))  # the upstream speaks its chat stream
 
-    def stream_translator(self, call: Call, target: Target) -> StreamTranslator | None:
+    def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
         chat_call = replace(call, op="chat", wants_usage=True)
         return _Chained(self.inner.stream_translator(chat_call, target),
                         ChatStreamToResponses(call.body, target.model))

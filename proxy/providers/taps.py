@@ -23,6 +23,7 @@ from ..memory import trim
 from .anthropic_reverse import OpenAIStreamError
 from .anthropic_reverse import error_event as anthropic_error_event
 from .anthropic_wire import AnthropicStreamError, usage_from_anthropic
+from .base import openai_error_event
 from .first_token import error_of
 from .tokens import token_count
 
@@ -188,6 +189,9 @@ class OpenAIUsageTap:
         """An upstream that ended without ``[DONE]`` is passed on as it is: not ours to judge."""
         self.done = True
         return self._framer.rest()
+
+    def error_event(self, message: str) -> bytes:
+        return openai_error_event(message)
 
     def _count(self, event: bytes) -> bool:
         """Record the event's usage; True when it is the usage-only chunk to drop."""

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..config import Config
+from ..config import Config, Route
 from ..errors import ClientError, error_body
 from ..gateway import Gateway
 from ..observe import Finished
@@ -28,6 +28,7 @@ from ..routing.decision import HEADER, Decision, header_with
 from ..routing.plan import Ask, plan
 from ..state.tracker import BUFFERED, STREAMED
 from ..walk.race import walk_route
+from ..walk.result import Answered, Committed, Exhausted, Rejected
 from .counting import count_tokens
 from .ops import add_ops_routes, explain, health, model, models
 from .replies import GATEWAY, JSON, error_response, request_id
@@ -97,44 +98,45 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
         return _nothing_eligible(ex, decision, planned.unservable)
 
     assert gw.walker is not None
-    result = await walk_route(gw.walker, config.providers, planned, call)
-    served = result.served
-    race = result.race
-    lease = result.lease
-    if lease is not None:
-        # A stream: its usage is known only at the end, so its record is built once, then; the
-        # header goes out now, formatted from the same fields.
-        attempts = tuple(result.attempts)
-        header = header_with(decision, attempts, served, race)
-        ex.status = result.status
-        headers = forward_headers(result.headers, {HEADER: header, "x-request-id": decision.id})
-        try:
-            return await relay_stream(request, lease, result.status, headers, gw.clock, ex)
-        finally:  # even when the client left early
-            ex.decision = priced(decision, lease.target.price, getattr(lease.translator, "usage", None),
-                                 attempts=attempts, served=served, status=result.status, race=race,
-                                 _header=header)
-    if served is not None:
-        # A buffered answer: its usage is known now, so the record is built once, priced.
-        target = planned.route.target(served)
-        decision = priced(decision, target.price if target is not None else None,
-                          usage_of_body(call.op, result.body),
-                          attempts=tuple(result.attempts), served=served, status=result.status, race=race)
+    walked = await walk_route(gw.walker, config.providers, planned, call)
+    if isinstance(walked, Committed):
+        return await _relay(request, gw, ex, decision, walked)
+    return _reply(gw, ex, decision, planned.route, call.op, walked)
+
+
+async def _relay(request: web.Request, gw: Gateway, ex: Exchange, decision: Decision,
+                 walked: Committed) -> web.StreamResponse:
+    """A stream: its usage is known only at the end, so its record is built once, then; the
+    header goes out now, formatted from the same fields."""
+    attempts, served, race, lease = walked.attempts, walked.served, walked.race, walked.lease
+    header = header_with(decision, attempts, served, race)
+    ex.status = walked.status
+    headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id})
+    try:
+        return await relay_stream(request, lease, walked.status, headers, gw.clock, ex)
+    finally:  # even when the client left early
+        ex.decision = priced(decision, lease.target.price, lease.translator.usage, attempts=attempts,
+                             served=served, status=walked.status, race=race, _header=header)
+
+
+def _reply(gw: Gateway, ex: Exchange, decision: Decision, route: Route, op: str,
+           walked: Answered | Rejected | Exhausted) -> web.Response:
+    """A buffered answer (its usage known now, so its record is built once, priced), a client
+    error returned as it is, or, when everything failed, the last error in the OpenAI shape."""
+    if isinstance(walked, Answered):
+        target = route.target(walked.served)
+        decision = priced(decision, target.price if target is not None else None, usage_of_body(op, walked.body),
+                          attempts=walked.attempts, served=walked.served, status=walked.status, race=walked.race)
     else:
-        decision = decision.but(attempts=tuple(result.attempts), served=served, status=result.status, race=race)
-    ex.decision, ex.status = decision, result.status
-    if served is None and result.outcome is not None:
-        ex.error = result.outcome.word  # the walk's verdict: 429, timeout, untranslatable…
-    extra = {HEADER: decision.header(), "x-request-id": decision.id}
-    if served is not None or (result.outcome is not None and not result.outcome.failover):
-        # A buffered answer, or another 4xx returned to the client as it is.
-        headers = forward_headers(result.headers, extra)
-        response = web.Response(body=result.body, status=result.status, headers=headers)
-        ex.sent, ex.first_sent = len(result.body), gw.clock()
-        return response
-    # Everything failed: the last error, in the OpenAI shape.
-    ex.sent, ex.first_sent = len(result.body), gw.clock()
-    return error_response(result.status, result.body, decision)
+        decision = decision.but(attempts=walked.attempts, served=None, status=walked.status, race=walked.race)
+        if walked.word is not None:
+            ex.error = walked.word  # the walk's verdict: 429, timeout, untranslatable…
+    ex.decision, ex.status = decision, walked.status
+    ex.sent, ex.first_sent = len(walked.body), gw.clock()
+    if isinstance(walked, Exhausted):
+        return error_response(walked.status, walked.body, decision)
+    headers = forward_headers(walked.headers, {HEADER: decision.header(), "x-request-id": decision.id})
+    return web.Response(body=walked.body, status=walked.status, headers=headers)
 
 
 def _nothing_eligible(ex: Exchange, decision: Decision, unservable: str | None) -> web.Response:

@@ -37,6 +37,22 @@ class Watched(Protocol):
     def expire(self, reason: str) -> None: ...
 
 
+class Countdown:
+    """A watched thing with a single deadline, ``limit`` after ``started``: an attempt waiting for
+    its first chunk, a hedge timer. Subclasses say what expiring does."""
+
+    __slots__ = ("idle", "started", "total", "waiting_since")
+
+    def __init__(self, started: float, limit: float) -> None:
+        self.started = started
+        self.total = limit
+        self.idle = limit
+        self.waiting_since: float | None = None
+
+    def expire(self, reason: str) -> None:
+        raise NotImplementedError
+
+
 def sweep(calls: Iterable[Watched], now: float) -> list[tuple[Watched, str]]:
     """The calls past a deadline, with the reason: ``total timeout`` wins over ``idle timeout``."""
     out: list[tuple[Watched, str]] = []
@@ -85,17 +101,16 @@ class Deadlines:
         self.fine = min(self.interval, max(0.01, min(timers, default=10.0) / 10))
 
     def expire_due(self) -> int:
-        due = sweep(list(self.calls), self.clock())
-        for call, reason in due:
-            self.calls.discard(call)
-            call.expire(reason)
-        return len(due)
+        return self._expire(self.calls)
 
     def fire_due(self) -> int:
-        due = sweep(list(self.timers), self.clock())
-        for timer, reason in due:
-            self.timers.discard(timer)
-            timer.expire(reason)
+        return self._expire(self.timers)
+
+    def _expire(self, watched: set[Watched]) -> int:
+        due = sweep(list(watched), self.clock())
+        for call, reason in due:
+            watched.discard(call)
+            call.expire(reason)
         return len(due)
 
     async def run(self) -> None:

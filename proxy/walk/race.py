@@ -31,12 +31,14 @@ from ..routing.decision import Attempt, Racer
 from ..routing.hedge import hedge_delay
 from ..routing.plan import Plan
 from ..state.tracker import BUFFERED, STREAMED
-from .walker import Walker, WalkResult
+from .deadlines import Countdown
+from .result import Trail, Walked
+from .walker import Walker
 
 __all__ = ["Race", "walk_route"]
 
 
-def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call) -> Awaitable[WalkResult]:
+def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call) -> Awaitable[Walked]:
     """Walk the planned order: one target at a time, or as a race on a route with ``hedge``.
     (Not a coroutine itself: the caller awaits the walk's, one frame fewer per request.)"""
     route = plan.route
@@ -49,13 +51,13 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
 class _Racer:
     """A target running in a task of its own beside the leader."""
 
-    __slots__ = ("measuring", "reserved", "result", "started", "target", "task")
+    __slots__ = ("measuring", "reserved", "started", "target", "task", "trail")
 
     def __init__(self, target: Target, started: float, measuring: bool) -> None:
         self.target = target
         self.started = started
         self.measuring = measuring  # explored or measured: runs on to its own first token if it loses
-        self.result = WalkResult()
+        self.trail = Trail()
         self.task: asyncio.Task[None] | None = None
         self.reserved: Any = None  # the target's state, counted in flight until the racer's task runs
 
@@ -67,16 +69,13 @@ def _unreserve(racer: _Racer) -> None:
         ts.in_flight -= 1
 
 
-class _HedgeTimer:
+class _HedgeTimer(Countdown):
     """Watched by the deadline sweeper like an attempt: it "expires" when the hedge is due."""
 
-    __slots__ = ("idle", "race", "started", "total", "waiting_since")
+    __slots__ = ("race",)
 
     def __init__(self, started: float, delay: float, race: Race) -> None:
-        self.started = started
-        self.total = delay
-        self.idle = delay
-        self.waiting_since: float | None = None
+        super().__init__(started, delay)
         self.race = race
 
     def expire(self, reason: str) -> None:
@@ -105,13 +104,13 @@ class Race:
         self.providers = providers
         self.rescued = rescued
         self.budget = walker.state.budget(route.name, hedge.max_extra)
-        self.inline = self.last = WalkResult()  # the request task's attempts; the last failure's
+        self.inline = self.last = Trail()  # the request task's attempts; the last failure's
         self.inline_started = walker.clock()
         self.racers: list[_Racer] = []
         self.roles: list[Racer] = []
         self.task = asyncio.current_task()
 
-    async def run(self, together: int, first_reason: str) -> WalkResult:
+    async def run(self, together: int, first_reason: str) -> Walked:
         self.budget.deposit()
         if together > 1 and len(self.queue) > 1:
             if self.budget.withdraw():
@@ -135,19 +134,19 @@ class Race:
                 if self._running():
                     await self._wait()  # the leader failed while racers run: they are ahead of a failover
                 elif self.rejected is not None:  # nobody else answered: the client error is the answer
-                    return self._finish(self.rejected.result, self.rejected)
+                    return self._finish(self.rejected.trail, self.rejected)
                 elif not self.queue:
                     return self._finish(self.last)  # everyone failed: the last failure is the answer
                 elif await self._lead(self.queue.pop(0)):  # a plain failover: everyone before it failed
                     return self._finish(self.inline)
-            return self._finish(self.winner.result, self.winner)
+            return self._finish(self.winner.trail, self.winner)
         except BaseException:
             # The client left (or the loop is closing) after a racer committed, before its lease
             # reached the relay: nobody else will let it go.
             winner = self.winner
-            if winner is not None and winner.result.lease is not None:
-                winner.result.lease.finish()
-                winner.result.lease = None
+            if winner is not None and winner.trail.lease is not None:
+                winner.trail.lease.finish()
+                winner.trail.lease = None
             raise
         finally:
             self._disarm()
@@ -207,13 +206,13 @@ class Race:
         later answer is let go at once: it was measured, not served."""
         _unreserve(racer)  # the attempt counts itself from here on, with no await in between
         try:
-            over = await self.walker.try_target(racer.result, self.route, racer.target, self.providers,
+            over = await self.walker.try_target(racer.trail, self.route, racer.target, self.providers,
                                                 self.call, racer.target.name == self.rescued,
                                                 self._won if racer.measuring else None)
             if not over:
-                self.last = racer.result
+                self.last = racer.trail
                 return
-            if racer.result.served is None and not self._won() and (
+            if racer.trail.served is None and not self._won() and (
                     self.leader is not None or any(r is not racer and r.task is not None and not r.task.done()
                                                    for r in self.racers)):
                 # A client error this target alone may give must not cut a racer that can still
@@ -226,13 +225,13 @@ class Race:
                     self.interrupted = True
                     self.task.cancel()  # lands in the leader's await, as its deadline would
                 return
-            lease = racer.result.lease
+            lease = racer.trail.lease
             if lease is not None:
                 lease.finish()
-                racer.result.lease = None
-            racer.result.served = None
-            last = racer.result.attempts[-1]
-            racer.result.attempts[-1] = Attempt(last.name, "measured", last.seconds)
+                racer.trail.lease = None
+            racer.trail.served = None
+            last = racer.trail.attempts[-1]
+            racer.trail.attempts[-1] = Attempt(last.name, "measured", last.seconds)
         finally:
             if self.changed is not None and not self.changed.done():
                 self.changed.set_result(None)
@@ -259,17 +258,16 @@ class Race:
             self.walker.deadlines.forget_timer(self.timer)
             self.timer = None
 
-    def _finish(self, result: WalkResult, winner: _Racer | None = None) -> WalkResult:
-        """``result`` (the winner's, the inline leader's, or the last failure's) with every attempt
+    def _finish(self, trail: Trail, winner: _Racer | None = None) -> Walked:
+        """``trail``'s verdict (the winner's, the inline leader's, or the last failure's) with every attempt
         in the order the targets started; a racer cut short shows ``lost``, one still being
         measured ``measuring``, with its seconds so far."""
         if not self.racers:  # nobody raced: the plain walk's result
-            result.race = tuple(self.roles)
-            return result
+            return trail.result(tuple(trail.attempts), tuple(self.roles))
         now = self.walker.clock()
         parts = [(self.inline_started, self.inline.attempts)] if self.inline.attempts else []
         for racer in self.racers:
-            attempts = list(racer.result.attempts)
+            attempts = list(racer.trail.attempts)
             task = racer.task
             if racer is not winner and task is not None and not task.done():
                 keep = racer.measuring and (winner is not None or self.inline.served is not None)
@@ -277,6 +275,5 @@ class Race:
                 if keep:
                     self.walker.keep(task)
             parts.append((racer.started, attempts))
-        result.attempts = [a for _, attempts in sorted(parts, key=lambda p: p[0]) for a in attempts]
-        result.race = tuple(self.roles)
-        return result
+        merged = tuple(a for _, attempts in sorted(parts, key=lambda p: p[0]) for a in attempts)
+        return trail.result(merged, tuple(self.roles))

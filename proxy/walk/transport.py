@@ -1,14 +1,15 @@
-"""The two ways an upstream request leaves: real HTTP, or the in-process simulator.
+"""How an upstream request leaves: the :class:`Transport` seam and its real HTTP one.
 
-Both hand the walker an :class:`Upstream`: a status, headers, and the body as
-chunks as they arrive. Nothing here decides anything; aiohttp's exceptions are
-turned into outcomes in ``classify.py``.
+A transport hands the walker an :class:`Upstream`: a status, headers, and the
+body as chunks as they arrive. The gateway picks one transport per provider kind
+when it is built (the simulator's is ``proxy/sim/transport.py``). Nothing here
+decides anything; aiohttp's exceptions are turned into outcomes in ``classify.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
@@ -17,7 +18,6 @@ from ..bounds import YIELD_EVERY
 from ..config import Provider
 from ..providers.base import UpstreamRequest
 from ..scrub import Scrubber
-from ..sim.simulator import Simulator
 
 
 class Upstream(Protocol):
@@ -43,6 +43,12 @@ class Upstream(Protocol):
 
     def close(self) -> None:
         """Drop the call; after a full read the connection goes back to the pool."""
+        ...
+
+
+class Transport(Protocol):
+    async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
+        """Send ``req``; return once the status and headers are in."""
         ...
 
 
@@ -132,58 +138,3 @@ class HttpTransport:
             allow_redirects=False,
         )
         return HttpUpstream(resp, self.scrubber)
-
-
-class SimUpstream:
-    __slots__ = ("_body", "_stream", "headers", "status")
-
-    def __init__(self, status: int, headers: Mapping[str, str], body: bytes | None,
-                 stream: AsyncIterator[bytes] | None) -> None:
-        self.status = status
-        self.headers = headers
-        self._body = body
-        self._stream = stream
-
-    async def chunk(self) -> bytes:
-        if self._body is not None:
-            body, self._body = self._body, b""
-            return body
-        if self._stream is None:
-            return b""
-        try:
-            return await anext(self._stream)
-        except StopAsyncIteration:
-            self._stream = None
-            return b""
-
-    async def read(self, limit: int) -> bytes:
-        parts = []
-        while data := await self.chunk():
-            parts.append(data)
-        return b"".join(parts)
-
-    def at_eof(self) -> bool:
-        return not self._body and self._stream is None
-
-    def abort(self, exc: BaseException) -> None:
-        """The simulator never stalls past a deadline; nothing to wake."""
-
-    def close(self) -> None:
-        self._stream = None
-
-
-class SimTransport:
-    """The in-process simulated provider: one Simulator per provider name."""
-
-    def __init__(self) -> None:
-        self.simulators: dict[str, Simulator] = {}
-
-    def simulator(self, provider: Provider) -> Simulator:
-        sim = self.simulators.get(provider.name)
-        if sim is None or sim.knobs != provider.simulate:
-            sim = self.simulators[provider.name] = Simulator(provider.simulate, name=provider.name)
-        return sim
-
-    async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
-        answer = await self.simulator(provider).answer(req.extra["op"], req.extra["json"])
-        return SimUpstream(answer.status, answer.headers, answer.body, answer.stream)

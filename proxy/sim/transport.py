@@ -1,0 +1,68 @@
+"""The simulated provider as a transport: the walker calls it like any upstream, with no network.
+
+Picked for ``kind: simulated`` providers where the gateway is built (``proxy/gateway.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+from ..config import Provider
+from ..providers.base import UpstreamRequest
+from ..walk.transport import Upstream
+from .simulator import Simulator
+
+
+class SimUpstream:
+    __slots__ = ("_body", "_stream", "headers", "status")
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes | None,
+                 stream: AsyncIterator[bytes] | None) -> None:
+        self.status = status
+        self.headers = headers
+        self._body = body
+        self._stream = stream
+
+    async def chunk(self) -> bytes:
+        if self._body is not None:
+            body, self._body = self._body, b""
+            return body
+        if self._stream is None:
+            return b""
+        try:
+            return await anext(self._stream)
+        except StopAsyncIteration:
+            self._stream = None
+            return b""
+
+    async def read(self, limit: int) -> bytes:
+        parts = []
+        while data := await self.chunk():
+            parts.append(data)
+        return b"".join(parts)
+
+    def at_eof(self) -> bool:
+        return not self._body and self._stream is None
+
+    def abort(self, exc: BaseException) -> None:
+        """The simulator never stalls past a deadline; nothing to wake."""
+
+    def close(self) -> None:
+        self._stream = None
+
+
+class SimTransport:
+    """The in-process simulated provider: one Simulator per provider name."""
+
+    def __init__(self) -> None:
+        self.simulators: dict[str, Simulator] = {}
+
+    def simulator(self, provider: Provider) -> Simulator:
+        sim = self.simulators.get(provider.name)
+        if sim is None or sim.knobs != provider.simulate:
+            sim = self.simulators[provider.name] = Simulator(provider.simulate, name=provider.name)
+        return sim
+
+    async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
+        answer = await self.simulator(provider).answer(req.extra["op"], req.extra["json"])
+        return SimUpstream(answer.status, answer.headers, answer.body, answer.stream)

@@ -1,0 +1,106 @@
+"""Lease: a committed stream, held by the relay until the client has the whole answer.
+
+The lease carries what it needs to finish itself: its :class:`~proxy.walk.slot.Slot` (the
+call, the limiter place, the in-flight count), the deadline keeper that watches it, the
+task set its background drain joins, and the route's cooldown for a failure after commit.
+Nothing points back at the walker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ..config import Cooldown, Target
+from ..providers.base import StreamTranslator
+from .deadlines import Deadlines, Expired
+from .slot import Slot
+from .transport import Upstream
+
+__all__ = ["MAX_DRAIN", "Background", "Lease"]
+
+MAX_DRAIN = 64 * 1024  # read after a stream's end marker before giving up on the connection
+
+
+class Background:
+    """Tasks that outlive their request (a drain, a racer still being measured), held until
+    they end so they are not collected midway, and stopped together at shutdown."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        """At shutdown their connections are closing anyway."""
+        for task in list(self._tasks):
+            task.cancel()
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    target: Target
+    upstream: Upstream
+    first: bytes  # the events up to and with the first token, held back until the commit
+    translator: StreamTranslator
+    slot: Slot
+    started: float
+    idle: float
+    total: float
+    clock: Callable[[], float]
+    deadlines: Deadlines
+    background: Background
+    cooldown: Cooldown
+    waiting_since: float | None = None  # the relay is waiting for the upstream since then
+    expired: str | None = None  # why the deadline keeper cut it
+    finished: bool = False
+
+    def expire(self, reason: str) -> None:
+        """Past its idle or total deadline: wake the relay's pending read with the reason."""
+        self.expired = reason
+        self.upstream.abort(Expired(reason))
+
+    def finish_after_end(self) -> None:
+        """The client has the whole answer (the stream's end marker came): read what the upstream
+        still sends, its own end of body, in the background, then release.
+
+        Releasing an unfinished body closes the connection instead of pooling it, and
+        waiting for that end on the relay's path makes the client wait for it too."""
+        if self.upstream.at_eof():
+            self.finish()
+            return
+        self.background.keep(asyncio.get_running_loop().create_task(self._drain()))
+
+    def finish(self, failure: str | None = None) -> None:
+        """Release the slot and the connection; a failure after commit counts against the target."""
+        if self.finished:
+            return
+        self.finished = True
+        self.deadlines.forget(self)
+        self.slot.release()
+        if failure is not None:
+            ts = self.slot.ts
+            ts.history.append(False)
+            ts.breaker.failure(self.clock(), self.cooldown)
+
+    async def _drain(self) -> None:
+        """Up to ``MAX_DRAIN`` bytes after the end marker, each read under the lease's idle and
+        total deadlines. More than that, a stall or a cut only costs the connection: the client's
+        answer was whole, so the target is not blamed."""
+        left = MAX_DRAIN
+        try:
+            self.waiting_since = self.clock()
+            while data := await self.upstream.chunk():
+                left -= len(data)
+                if left < 0:
+                    break
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass
+        finally:
+            self.finish()

@@ -1,0 +1,58 @@
+"""Slot: what one attempt holds on its target while it runs, given back exactly once.
+
+An attempt takes a place in the provider's limiter (when it has one), counts itself in
+the target's ``in_flight``, may be the breaker's half-open probe, and, once sent, holds
+the upstream call. All of it goes back in one ``release()``, whichever way the attempt
+ends: a failure, a client error, a cancel, or (through its :class:`~proxy.walk.lease.Lease`)
+the end of a committed stream. A second call is a no-op, so no path can give twice.
+"""
+
+from __future__ import annotations
+
+from ..state import TargetState
+from ..state.limiter import Limiter
+from .transport import Upstream
+
+__all__ = ["Slot"]
+
+
+class Slot:
+    __slots__ = ("_counted", "_held", "_limiter", "_probe", "heard", "released", "ts", "upstream")
+
+    def __init__(self, ts: TargetState, limiter: Limiter | None, probe: bool) -> None:
+        self.ts = ts
+        self._limiter = limiter  # the provider's limit, if it has one
+        self._held = False  # a place in it is ours
+        self._counted = False  # counted in the target's in_flight
+        self._probe = probe  # the breaker's half-open probe: let go unless it heard a verdict
+        self.heard = False  # the breaker heard this attempt's success or failure
+        self.upstream: Upstream | None = None  # the call, once sent
+        self.released = False
+
+    async def take(self) -> None:
+        """Wait for a place under the provider's limit, then count the call in flight (a call
+        still queued is not in flight: the planner must not see it as load on the target)."""
+        limiter = self._limiter
+        if limiter is not None:
+            await limiter.acquire()
+            self._held = True
+        self.ts.in_flight += 1
+        self._counted = True
+
+    def queued(self) -> bool:
+        """Still waiting for our own limit: a timeout now is ours (busy), not the provider's."""
+        return self._limiter is not None and not self._held
+
+    def release(self) -> None:
+        """Close the call and give back the count, the limiter place and an unheard probe."""
+        if self.released:
+            return
+        self.released = True
+        if self.upstream is not None:
+            self.upstream.close()
+        if self._counted:
+            self.ts.in_flight -= 1
+        if self._held and self._limiter is not None:
+            self._limiter.release()
+        if self._probe and not self.heard:
+            self.ts.breaker.abandon_probe()

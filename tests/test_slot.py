@@ -1,0 +1,68 @@
+"""The slot an attempt holds: limiter place, in-flight count and probe go back once, on every path."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.config import Cooldown
+from proxy.sim.transport import SimUpstream
+from proxy.state import TargetState
+from proxy.state.breaker import PROBE
+from proxy.state.limiter import Limiter
+from proxy.walk.slot import Slot
+
+
+def probing() -> TargetState:
+    ts = TargetState()
+    ts.breaker.failure(0.0, Cooldown(failures=1, secs=1.0))
+    assert ts.breaker.begin(2.0) == PROBE
+    return ts
+
+
+@pytest.mark.parametrize("heard", [pytest.param(False, id="no-verdict"), pytest.param(True, id="verdict")])
+async def test_a_taken_slot_gives_everything_back_once(heard: bool) -> None:
+    ts, limiter = probing(), Limiter(limit=1, queue=0)
+    slot = Slot(ts, limiter, probe=True)
+    await slot.take()
+    slot.upstream = SimUpstream(200, {}, None, None)
+    assert ts.in_flight == 1 and limiter.active == 1 and not slot.queued()
+    slot.heard = heard
+    for _ in range(3):
+        slot.release()
+    assert ts.in_flight == 0 and limiter.active == 0
+    assert slot.upstream.at_eof()  # closed
+    assert ts.breaker.probing is heard  # an unheard probe lets the next request probe
+
+
+async def test_a_slot_cancelled_while_queued_counts_nothing() -> None:
+    ts, limiter = probing(), Limiter(limit=1, queue=1)
+    await limiter.acquire()  # someone else holds the only place
+    slot = Slot(ts, limiter, probe=True)
+    task = asyncio.create_task(slot.take())
+    await asyncio.sleep(0)
+    assert slot.queued() and ts.in_flight == 0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    slot.release()
+    slot.release()
+    assert ts.in_flight == 0 and limiter.active == 1 and not limiter.waiters  # the other's place stays
+    assert not ts.breaker.probing
+
+
+async def test_a_slot_never_taken_releases_only_its_probe() -> None:
+    ts = probing()
+    slot = Slot(ts, None, probe=True)
+    slot.release()
+    assert ts.in_flight == 0 and not ts.breaker.probing and not slot.queued()
+
+
+async def test_a_plain_slot_leaves_someone_elses_probe_alone() -> None:
+    ts = probing()
+    slot = Slot(ts, None, probe=False)
+    await slot.take()
+    slot.release()
+    slot.release()
+    assert ts.in_flight == 0 and ts.breaker.probing
