@@ -9,8 +9,10 @@ still exist.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -19,7 +21,7 @@ import aiohttp
 
 from .config import KINDS, Config
 from .observe import Finished, Observer
-from .observe.costs import CostRefresher
+from .observe.ledger import measured_costs
 from .scrub import Scrubber
 from .sim.transport import SimTransport
 from .state import State
@@ -34,6 +36,10 @@ log = logging.getLogger("firstbyte")
 
 
 HEDGE_TICK_BASIS = 0.3  # the sweeper looks every 30 ms on a route hedged by percentile
+REFRESH_SECS = 30.0  # how often measured costs are read from the ledger
+WINDOW_SECS = 7 * 86400.0
+MIN_CALLS = 5
+
 
 class Gateway:
     def __init__(
@@ -148,3 +154,51 @@ class Gateway:
                 log.exception("observer %s failed", type(observer).__name__)
 
 
+class CostRefresher:
+    """Measured cost per call, carried from the ledger into ``State.costs`` for the score strategy.
+
+    The planner is pure and must not touch SQLite, and observers do not write state: this task,
+    owned by the gateway that owns the state, reads the ledger's mean cost per clean call (last
+    7 days, at least ``MIN_CALLS`` calls, per target and operation) off the event loop every
+    ``interval`` seconds and swaps the result in with one assignment. A missing or unreadable
+    ledger leaves the last figures in place: the planner falls back to declared prices on its own.
+    """
+
+    def __init__(self, path: str | Callable[[], str | None], state: State, interval: float = REFRESH_SECS,
+                 clock: Callable[[], float] = time.time) -> None:
+        # A callable follows the running config, so a reload that moves or sets the ledger is heard.
+        self.path_of: Callable[[], str | None] = path if callable(path) else (lambda: path)
+        self.state = state
+        self.interval = interval
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None  # kept: a bare task may be collected
+
+    async def refresh(self) -> None:
+        """Read the ledger once and publish the figures."""
+        path = self.path_of()
+        if not path:
+            return
+        try:
+            costs = await asyncio.to_thread(measured_costs, path, WINDOW_SECS, MIN_CALLS, self.clock())
+        except FileNotFoundError:
+            return  # the ledger has not written its first row yet
+        except sqlite3.Error as exc:
+            log.warning("cost refresh from %s failed: %s", path, exc)
+            return
+        self.state.costs = costs
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="firstbyte-costs")
+
+    async def _run(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.interval)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

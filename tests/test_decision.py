@@ -7,6 +7,8 @@ import re
 import pytest
 
 from proxy.routing.decision import (
+    PRICE,
+    TOTAL,
     Attempt,
     Decision,
     Excluded,
@@ -15,14 +17,13 @@ from proxy.routing.decision import (
     Ranked,
     format_header,
     parse_header,
-    scrub,
 )
 
 FULL = Decision(
     id="7f3a9c",
     route="chat",
     strategy="fastest",
-    order=(Ranked("groq", "fastest 0.31s"), Ranked("openai", "0.82s"), Ranked("anthropic", "unmeasured")),
+    order=(Ranked("groq", "fastest", 0.31), Ranked("openai", None, 0.82), Ranked("anthropic", "unmeasured")),
     excluded=(Excluded("local", "breaker open 12s"), Excluded("premium", "deny")),
     attempts=(Attempt("groq", "503", 0.04, True), Attempt("openai", "200", 0.79, False, 0.79)),
     served="openai",
@@ -49,7 +50,7 @@ def test_format_matches_the_design_example() -> None:
             id="direct-pin-multiword-outcome",
         ),
         pytest.param(
-            Decision("a1", "chat", "cheapest", (Ranked("c", "cheapest 2/M"), Ranked("b", "no price")),
+            Decision("a1", "chat", "cheapest", (Ranked("c", "cheapest", 2.0, PRICE), Ranked("b", None, None, PRICE)),
                      attempts=(Attempt("c", "cooldown", 0.0), Attempt("b", "busy", 0.0)), served=None),
             id="cheapest-skipped-and-busy",
         ),
@@ -59,13 +60,13 @@ def test_format_matches_the_design_example() -> None:
             id="health-rescue",
         ),
         pytest.param(
-            Decision("a1", "chat", "fastest", (Ranked("a", "fastest 0.31s"), Ranked("b", "0.82s")),
+            Decision("a1", "chat", "fastest", (Ranked("a", "fastest", 0.31), Ranked("b", None, 0.82)),
                      attempts=(Attempt("a", "lost", 0.52), Attempt("b", "200", 0.11)), served="b",
                      race=(Racer("a", "leader"), Racer("b", "hedge 0.40s"))),
             id="hedged-race",
         ),
         pytest.param(
-            Decision("a1", "chat", "fastest", (Ranked("b", "explore 0.82s"), Ranked("a", "0.31s")),
+            Decision("a1", "chat", "fastest", (Ranked("b", "explore", 0.82), Ranked("a", None, 0.31)),
                      attempts=(Attempt("b", "measuring", 0.31), Attempt("a", "error event overloaded", 0.01),
                                Attempt("c", "200", 0.2)), served="c",
                      race=(Racer("b", "explore"), Racer("a", "leader"), Racer("c", "budget exhausted"))),
@@ -116,8 +117,35 @@ def test_malformed_headers_raise(value: str, says: str) -> None:
         parse_header(value)
 
 
-def test_scrub_keeps_upstream_words_inside_the_grammar() -> None:
-    text = scrub("bad (gateway); retry=later, please\n\u00e9")
-    assert not set(text) & set(";,()=\n")
-    d = Decision("a1", "chat", "ordered", (Ranked("a", text),))
-    assert parse_header(d.header()).order == (("a", text),)
+@pytest.mark.parametrize(
+    ("ranked", "detail"),
+    [
+        pytest.param(Ranked("a", "fastest", 0.314), "fastest 0.31s", id="first-with-its-figure"),
+        pytest.param(Ranked("a", "written"), "written", id="unmeasured-first-shows-its-reason-alone"),
+        pytest.param(Ranked("a", "pinned", 0.5), "pinned 0.50s", id="pinned-with-figure"),
+        pytest.param(Ranked("a", None, 0.82), "0.82s", id="behind-the-first-a-figure"),
+        pytest.param(Ranked("a"), "unmeasured", id="behind-the-first-unmeasured"),
+        pytest.param(Ranked("a", "cheapest", 2.0, PRICE), "cheapest 2/M", id="cheapest-first"),
+        pytest.param(Ranked("a", "cheapest", None, PRICE), "cheapest no price", id="cheapest-first-no-price"),
+        pytest.param(Ranked("a", None, 0.59, PRICE), "0.59/M", id="price-behind"),
+        pytest.param(Ranked("a", "score", 0.714, TOTAL, "speed"), "score speed 0.71", id="score-first"),
+        pytest.param(Ranked("a", None, 0.714, TOTAL, "speed"), "speed 0.71", id="score-first-behind-a-pin"),
+        pytest.param(Ranked("a", None, 0.5, TOTAL), "0.50", id="score-behind"),
+    ],
+)
+def test_ranked_detail_is_written_from_its_fields(ranked: Ranked, detail: str) -> None:
+    assert ranked.detail == detail
+    d = Decision("a1", "chat", "ordered", (ranked,))
+    assert parse_header(d.header()).order == (("a", detail),)
+
+
+@pytest.mark.parametrize(
+    ("order", "reason"),
+    [
+        pytest.param((Ranked("a", "explore", 0.8), Ranked("b", None, 0.3)), "explore", id="the-firsts-reason"),
+        pytest.param((Ranked("a", "soonest to reopen"),), "soonest", id="first-word-of-a-phrase"),
+        pytest.param((), "none", id="empty-order"),
+    ],
+)
+def test_first_reason_reads_the_field(order: tuple[Ranked, ...], reason: str) -> None:
+    assert Decision("a1", "chat", "fastest", order).first_reason == reason

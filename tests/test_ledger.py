@@ -28,7 +28,7 @@ def decision(
         id=id,
         route=route,
         strategy="fastest",
-        order=(Ranked("groq", first), Ranked("openai", "0.82s")),
+        order=(Ranked("groq", first), Ranked("openai", None, 0.82)),
         excluded=(Excluded("local", "breaker open 12s"),),
         attempts=tuple(Attempt(name, outcome, 0.25) for name, outcome in attempts),
         served=served,
@@ -249,7 +249,7 @@ async def test_a_race_is_recorded_and_an_older_ledger_gains_the_column(tmp_path:
     conn.close()
     ledger = Ledger(str(path), retention_days=30, queue_size=100, clock=lambda: NOW)
     await ledger.start()
-    raced = Decision(id="r1", route="chat", strategy="fastest", order=(Ranked("groq", "fastest 0.31s"),),
+    raced = Decision(id="r1", route="chat", strategy="fastest", order=(Ranked("groq", "fastest", 0.31),),
                      attempts=(Attempt("groq", "lost", 0.5), Attempt("openai", "200", 0.2, ttfc=0.2)),
                      served="openai", status=200, race=(Racer("groq", "leader"), Racer("openai", "hedge 0.40s")))
     ledger.on_finished(finished(raced))

@@ -48,7 +48,7 @@ SERVED_AFTER_FAILOVER = Decision(
     id="a1",
     route="chat",
     strategy="fastest",
-    order=(Ranked("groq", "fastest 0.31s"), Ranked("openai", "0.82s")),
+    order=(Ranked("groq", "fastest", 0.31), Ranked("openai", None, 0.82)),
     excluded=(Excluded("local", "breaker open 12s"),),
     attempts=(
         Attempt("groq", "503", 0.04, failover=True),
@@ -252,17 +252,19 @@ def test_names_from_config() -> None:
 def test_races_are_counted_hedges_wins_duplicates_and_refusals() -> None:
     metrics = make()
     hedged = Decision(
-        id="r1", route="chat", strategy="fastest", order=(Ranked("groq", "fastest 0.31s"), Ranked("openai", "0.82s")),
+        id="r1", route="chat", strategy="fastest",
+        order=(Ranked("groq", "fastest", 0.31), Ranked("openai", None, 0.82)),
         attempts=(Attempt("groq", "lost", 0.5), Attempt("openai", "200", 0.2, ttfc=0.2)), served="openai",
         status=200, race=(Racer("groq", "leader"), Racer("openai", "hedge 0.40s")),
     )
     explored = Decision(
-        id="r2", route="chat", strategy="fastest", order=(Ranked("openai", "explore 0.82s"), Ranked("groq", "0.31s")),
+        id="r2", route="chat", strategy="fastest",
+        order=(Ranked("openai", "explore", 0.82), Ranked("groq", None, 0.31)),
         attempts=(Attempt("openai", "measuring", 0.3), Attempt("groq", "200", 0.3, ttfc=0.3)), served="groq",
         status=200, race=(Racer("openai", "explore"), Racer("groq", "leader")),
     )
     refused = Decision(
-        id="r3", route="chat", strategy="fastest", order=(Ranked("groq", "fastest 0.31s"),),
+        id="r3", route="chat", strategy="fastest", order=(Ranked("groq", "fastest", 0.31),),
         attempts=(Attempt("groq", "200", 0.9, ttfc=0.9),), served="groq", status=200,
         race=(Racer("openai", "budget exhausted"),),
     )

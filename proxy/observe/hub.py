@@ -2,7 +2,8 @@
 
 Access log, metrics and (when ``ledger.path`` is set) the decision ledger. The
 metrics gauges that describe state rather than traffic (figures, breakers, in
-flight) are refreshed from the gateway when /metrics is scraped.
+flight) are copied from the state's snapshot when /metrics is scraped: the hub reads
+records, never the live state.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..state.tracker import MODES
 from . import Observer
 from .accesslog import AccessLog
 from .ledger import Ledger
@@ -80,20 +80,16 @@ class Hub:
                 log.exception("observer %s failed to close", type(observer).__name__)
 
     def scrape(self, gateway: Gateway) -> tuple[bytes, str]:
-        """Render /metrics after copying the live state gauges in."""
-        now = gateway.clock()
-        state = gateway.state
+        """Render /metrics after copying the state's snapshot into its gauges."""
         seen: set[str] = set()
-        for route in gateway.config.routes.values():
-            for target in route.targets:
-                if target.name in seen:
-                    continue
-                seen.add(target.name)
-                for mode in MODES:
-                    self.metrics.set_figure(target.name, state.figure(target.key, route.fastest, now, mode), mode)
-                health = state.health(target.key, now)
-                ts = state.targets.get(target.key)
-                self.metrics.set_target_state(target.name, health.state, 0 if ts is None else ts.in_flight)
+        for figures in gateway.state.snapshot(gateway.config, gateway.clock()):
+            name = figures.target.name
+            if name in seen:  # a target two routes share is one series, as its first route sees it
+                continue
+            seen.add(name)
+            for mode, series in figures.modes.items():
+                self.metrics.set_figure(name, series.figure, mode)
+            self.metrics.set_target_state(name, figures.health.state, figures.in_flight)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
         self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..routing.decision import format_attempts, format_excluded, format_order
 from . import Finished
 
 __all__ = ["SCHEMA", "Ledger", "format_summary", "measured_costs", "summarise"]
@@ -84,10 +85,10 @@ def row_of(finished: Finished) -> Row | None:
         finished.started,
         d.route,
         d.strategy,
-        ", ".join(f"{r.name}({r.detail})" for r in d.order),
+        format_order(d.order),
         d.first_reason,
-        ", ".join(f"{e.name}({e.reason})" for e in d.excluded),
-        ", ".join(f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in d.attempts),
+        format_excluded(d.excluded),
+        format_attempts(d.attempts),
         d.served,
         finished.status,
         d.failovers,

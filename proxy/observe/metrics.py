@@ -91,101 +91,82 @@ def names_from_config(config: Config) -> tuple[set[str], set[str]]:
     return routes, targets
 
 
+# Every series, in the order /metrics lists them: (attribute, kind, name, help).
+_SERIES: tuple[tuple[str, type[Counter | Gauge | Histogram], str, str], ...] = (
+    ("target_latency", Gauge, "firstbyte_target_latency_seconds",
+     "Each target's current figure per mode: smoothed time to first token (streamed) "
+     "or to the whole answer (buffered)."),
+    ("requests", Counter, "firstbyte_requests_total", "Finished client requests."),
+    ("attempts", Counter, "firstbyte_attempts_total", "Upstream attempts by target and outcome."),
+    ("failovers", Counter, "firstbyte_failovers_total", "Targets moved past before one answered."),
+    ("first_chunk", Histogram, "firstbyte_first_chunk_seconds", "Upstream time to first chunk of answered attempts."),
+    ("breaker_state", Gauge, "firstbyte_breaker_state", "Breaker per target: 0 closed, 1 open, 2 probing."),
+    ("in_flight", Gauge, "firstbyte_in_flight", "Upstream calls in flight per target."),
+    ("decisions", Counter, "firstbyte_decisions_total", "Routing decisions by why the first target was first."),
+    ("tokens", Counter, "firstbyte_tokens_total", "Tokens reported by the serving target."),
+    ("cost", Counter, "firstbyte_cost_usd_total", "Cost in USD of served requests."),
+    ("ledger_dropped", Counter, "firstbyte_ledger_dropped_total",
+     "Decision rows the ledger dropped (writer behind or write failed)."),
+    ("hedges", Counter, "firstbyte_hedges_total",
+     "Second attempts started because the leader had no first token in time."),
+    ("races_won", Counter, "firstbyte_races_won_total",
+     "Races (two targets side by side) won, by the winning target."),
+    ("duplicates", Counter, "firstbyte_duplicate_calls_total",
+     "Upstream calls a route started beyond one per request by racing."),
+    ("budget_exhausted", Counter, "firstbyte_hedge_budget_exhausted_total",
+     "Hedges or exploring races the route's budget refused."),
+    # Named as Prometheus names its own, so the usual "config reload failed" alert fits as it is.
+    ("reload_ok", Gauge, "firstbyte_config_last_reload_successful",
+     "1 if the last config load (start or SIGHUP reload) was taken, 0 if it was refused."),
+    ("reload_at", Gauge, "firstbyte_config_last_reload_success_timestamp_seconds",
+     "Epoch seconds of the last config load that was taken."),
+    ("connections", Gauge, "firstbyte_connections", "Client connections open now, per listener."),
+    ("connections_closed", Counter, "firstbyte_connections_closed_total",
+     "Client connections firstbyte cut itself, per listener and reason (header_timeout, "
+     "body_timeout, over_capacity: answered 503, refused: closed unanswered past the margin)."),
+)
+# The counters on_finished feeds; _apply hands them their sums by name.
+_FED = ("requests", "decisions", "failovers", "attempts", "tokens", "cost", "hedges", "races_won", "duplicates",
+        "budget_exhausted")
+
+
 class Metrics:
     """Observer owning an aioprometheus Registry with firstbyte's series."""
+
+    target_latency: Gauge
+    requests: Counter
+    attempts: Counter
+    failovers: Counter
+    first_chunk: Histogram
+    breaker_state: Gauge
+    in_flight: Gauge
+    decisions: Counter
+    tokens: Counter
+    cost: Counter
+    ledger_dropped: Counter
+    hedges: Counter
+    races_won: Counter
+    duplicates: Counter
+    budget_exhausted: Counter
+    reload_ok: Gauge
+    reload_at: Gauge
+    connections: Gauge
+    connections_closed: Counter
 
     def __init__(self, known_routes: Iterable[str] = (), known_targets: Iterable[str] = ()) -> None:
         self.routes = frozenset(known_routes)
         self.targets = frozenset(known_targets)
         self.registry = Registry()
-        r = self.registry
-        self.target_latency = Gauge(
-            "firstbyte_target_latency_seconds",
-            "Each target's current figure per mode: smoothed time to first token (streamed) "
-            "or to the whole answer (buffered).",
-            registry=r,
-        )
-        self.requests = Counter(
-            "firstbyte_requests_total", "Finished client requests.", registry=r
-        )
-        self.attempts = Counter(
-            "firstbyte_attempts_total", "Upstream attempts by target and outcome.", registry=r
-        )
-        self.failovers = Counter(
-            "firstbyte_failovers_total", "Targets moved past before one answered.", registry=r
-        )
-        self.first_chunk = Histogram(
-            "firstbyte_first_chunk_seconds",
-            "Upstream time to first chunk of answered attempts.",
-            registry=r,
-            buckets=FIRST_CHUNK_BUCKETS,
-        )
-        self.breaker_state = Gauge(
-            "firstbyte_breaker_state", "Breaker per target: 0 closed, 1 open, 2 probing.",
-            registry=r,
-        )
-        self.in_flight = Gauge(
-            "firstbyte_in_flight", "Upstream calls in flight per target.", registry=r
-        )
-        self.decisions = Counter(
-            "firstbyte_decisions_total",
-            "Routing decisions by why the first target was first.",
-            registry=r,
-        )
-        self.tokens = Counter(
-            "firstbyte_tokens_total", "Tokens reported by the serving target.", registry=r
-        )
-        self.cost = Counter(
-            "firstbyte_cost_usd_total", "Cost in USD of served requests.", registry=r
-        )
-        self.ledger_dropped = Counter(
-            "firstbyte_ledger_dropped_total",
-            "Decision rows the ledger dropped (writer behind or write failed).",
-            registry=r,
-        )
+        for attr, kind, name, doc in _SERIES:
+            if kind is Histogram:
+                setattr(self, attr, Histogram(name, doc, registry=self.registry, buckets=FIRST_CHUNK_BUCKETS))
+            else:
+                setattr(self, attr, kind(name, doc, registry=self.registry))
         self.ledger_dropped.set({}, 0)
-        self.hedges = Counter(
-            "firstbyte_hedges_total", "Second attempts started because the leader had no first token in time.",
-            registry=r,
-        )
-        self.races_won = Counter(
-            "firstbyte_races_won_total", "Races (two targets side by side) won, by the winning target.",
-            registry=r,
-        )
-        self.duplicates = Counter(
-            "firstbyte_duplicate_calls_total", "Upstream calls a route started beyond one per request by racing.",
-            registry=r,
-        )
-        self.budget_exhausted = Counter(
-            "firstbyte_hedge_budget_exhausted_total", "Hedges or exploring races the route's budget refused.",
-            registry=r,
-        )
         self._races: list[tuple[str, str | None, tuple[tuple[str, str], ...]]] = []
-        # Named as Prometheus names its own, so the usual "config reload failed" alert fits as it is.
-        self.reload_ok = Gauge(
-            "firstbyte_config_last_reload_successful",
-            "1 if the last config load (start or SIGHUP reload) was taken, 0 if it was refused.",
-            registry=r,
-        )
-        self.reload_at = Gauge(
-            "firstbyte_config_last_reload_success_timestamp_seconds",
-            "Epoch seconds of the last config load that was taken.",
-            registry=r,
-        )
-        self.connections = Gauge(
-            "firstbyte_connections", "Client connections open now, per listener.", registry=r
-        )
-        self.connections_closed = Counter(
-            "firstbyte_connections_closed_total",
-            "Client connections firstbyte cut itself, per listener and reason (header_timeout, "
-            "body_timeout, over_capacity: answered 503, refused: closed unanswered past the margin).",
-            registry=r,
-        )
         self._counts: dict[_Key, int] = {}
         self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
-        self._counters = {c.name: c for c in (self.requests, self.decisions, self.failovers, self.attempts,
-                                              self.tokens, self.cost, self.hedges, self.races_won,
-                                              self.duplicates, self.budget_exhausted)}
+        self._counters: dict[str, Counter] = {getattr(self, attr).name: getattr(self, attr) for attr in _FED}
         self._observed: list[tuple[str, float]] = []
 
     @classmethod

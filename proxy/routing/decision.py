@@ -29,27 +29,42 @@ __all__ = [
     "ParsedDecision",
     "Racer",
     "Ranked",
+    "format_attempts",
+    "format_excluded",
     "format_header",
+    "format_order",
     "header_with",
     "parse_header",
 ]
 
 HEADER = "x-route-decision"
 
-# Characters that would break the grammar; names are validated against this at load
-# time and free-text details are scrubbed before they reach the header.
-_UNSAFE = re.compile(r"[^\x20-\x7e]|[;,()=]")
-
-
 # The small records are NamedTuples: immutable like the frozen dataclasses, and built
 # several times per request, where a frozen dataclass's __init__ costs three to four times as much.
 
 
+# How a Ranked figure reads in the header: seconds (``0.31s``, ``unmeasured``), a declared price
+# (``2/M``, ``no price``) or a score total (``0.71``).
+SECONDS = "s"
+PRICE = "/M"
+TOTAL = ""
+
+
 class Ranked(NamedTuple):
-    """One candidate in the order, with why it sits there (``fastest 0.31s``)."""
+    """One candidate in the order: the word that put it first (``reason``; None behind the first)
+    and the figure it was ranked by. Only the header writer turns them into text (``fastest 0.31s``),
+    so nothing downstream parses a reason back out of a string."""
 
     name: str
-    detail: str
+    reason: str | None = None
+    figure: float | None = None
+    unit: str = SECONDS
+    signal: str | None = None  # score: the signal whose lead put the first first
+
+    @property
+    def detail(self) -> str:
+        """The item's text in the header: ``fastest 0.31s``, ``0.82s``, ``cheapest 2/M``…"""
+        return _detail(self)
 
 
 class Excluded(NamedTuple):
@@ -96,9 +111,8 @@ class Decision:
     @property
     def first_reason(self) -> str:
         """The word that put the first target first (``fastest``, ``explore``…), or ``none``."""
-        if not self.order:
-            return "none"
-        return self.order[0].detail.split(" ", 1)[0]
+        reason = self.order[0].reason if self.order else None
+        return reason.split(" ", 1)[0] if reason else "none"
 
     @property
     def failovers(self) -> int:
@@ -128,9 +142,36 @@ _FIELDS = tuple(f for f in Decision.__dataclass_fields__)
 _HEADER_FIELDS = frozenset({"id", "route", "strategy", "order", "excluded", "attempts", "served", "race"})
 
 
-def scrub(text: str) -> str:
-    """Make free text (an upstream's words) safe inside the header grammar."""
-    return _UNSAFE.sub(" ", text).strip()
+def _detail(r: Ranked) -> str:
+    """A first without a figure shows its reason alone (``written``, ``pinned``); behind the first an
+    unmeasured target says so. A price always shows, ``no price`` too."""
+    if r.unit == SECONDS:
+        if r.figure is None:
+            return r.reason or "unmeasured"
+        figure = f"{r.figure:.2f}s"
+    elif r.unit == PRICE:
+        figure = "no price" if r.figure is None else f"{r.figure:g}/M"
+    else:
+        figure = f"{r.figure or 0.0:.2f}"
+    if r.signal is not None:
+        figure = f"{r.signal} {figure}"
+    return figure if r.reason is None else f"{r.reason} {figure}"
+
+
+# The field values, which the header and the ledger's columns write the same way.
+# List comprehensions, not generators, inside join: these run for every request.
+
+
+def format_order(order: tuple[Ranked, ...]) -> str:
+    return ", ".join([f"{r.name}({_detail(r)})" for r in order])
+
+
+def format_excluded(excluded: tuple[Excluded, ...]) -> str:
+    return ", ".join([f"{e.name}({e.reason})" for e in excluded])
+
+
+def format_attempts(attempts: tuple[Attempt, ...]) -> str:
+    return ", ".join([f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in attempts])
 
 
 def format_header(decision: Decision) -> str:
@@ -141,13 +182,12 @@ def header_with(decision: Decision, attempts: tuple[Attempt, ...], served: str |
                 race: tuple[Racer, ...] = ()) -> str:
     """The header of ``decision`` once it has these attempts and this served target, without
     building that record yet (a stream's is built when its usage is known, at the end)."""
-    # List comprehensions, not generators, inside join: this runs for every request.
     text = (f"id={decision.id}; route={decision.route}; strategy={decision.strategy}; order="
-            + ", ".join([f"{r.name}({r.detail})" for r in decision.order]))
+            + format_order(decision.order))
     if decision.excluded:
-        text += "; excluded=" + ", ".join([f"{e.name}({e.reason})" for e in decision.excluded])
+        text += "; excluded=" + format_excluded(decision.excluded)
     if attempts:
-        text += "; attempts=" + ", ".join([f"{a.name}({a.outcome} {a.seconds:.2f}s)" for a in attempts])
+        text += "; attempts=" + format_attempts(attempts)
     if race:
         text += "; race=" + ", ".join([f"{r.name}({r.role})" for r in race])
     if served:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from ..config import Fastest, Route, Target, TargetKey
 from ..state.tracker import STREAMED
-from .decision import Ranked
+from .decision import PRICE, Ranked
 from .score import ScoreView, score
 
 
@@ -91,20 +91,13 @@ def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: floa
     return None if best is None else best[1]
 
 
-def _secs(value: float | None) -> str:
-    return "unmeasured" if value is None else f"{value:.2f}s"
-
-
 def _ranked(targets: Sequence[Target], first: str, figures: Figures) -> list[Ranked]:
-    out = []
-    for i, t in enumerate(targets):
-        fig = figures[t.name]
-        if i == 0:
-            detail = first if fig is None or first == "unmeasured" else f"{first} {_secs(fig)}"
-        else:
-            detail = _secs(fig)
-        out.append(Ranked(t.name, detail))
-    return out
+    """The first carries the word that put it first; an unmeasured first shows no figure."""
+    ranked = [Ranked(t.name, None, figures[t.name]) for t in targets]
+    if ranked:
+        lead = ranked[0]
+        ranked[0] = Ranked(lead.name, first, None if first == "unmeasured" else lead.figure)
+    return ranked
 
 
 def ordered(targets: Sequence[Target], figures: Figures) -> tuple[list[Target], str]:
@@ -218,15 +211,7 @@ def order_targets(
         out, first = cheapest(targets, figures)
     else:
         out, first = ordered(targets, figures)
-    ranked = _ranked(out, first, figures)
     if strategy == "cheapest":
-        ranked = [
-            Ranked(r.name, _price_detail(t, first if i == 0 else ""))
-            for i, (r, t) in enumerate(zip(ranked, out, strict=True))
-        ]
-    return out, ranked
-
-
-def _price_detail(t: Target, lead: str) -> str:
-    price = "no price" if t.price is None else f"{t.price.total:g}/M"
-    return f"{lead} {price}".strip()
+        return out, [Ranked(t.name, first if i == 0 else None, None if t.price is None else t.price.total, PRICE)
+                     for i, t in enumerate(out)]
+    return out, _ranked(out, first, figures)

@@ -90,7 +90,31 @@ def plan(
 ) -> Plan:
     """The order this request gets: pin check, eligibility, ordering; a blocked pin is a 400."""
     route, direct = find_route(config, ask.model)
-    pinned: Target | None = None
+    pinned = _pin(route, direct, ask)
+    result = eligible(route, config.providers, ask.tokens, state, now)
+    if pinned is not None:
+        _refuse_blocked(route, pinned, ask, config, state, now, result.excluded)
+    rest = list(result.targets) if pinned is None else [t for t in result.targets if t is not pinned]
+    # Behind a pin nobody leads, so exploring would only shuffle the fallback.
+    out, ranked = order_targets(route, rest, state, now, rng, explore and pinned is None, ask.op, ask.mode)
+    if pinned is not None:
+        out.insert(0, pinned)
+        # Behind a pin nobody is first: each fallback keeps only its figure.
+        ranked = [Ranked(pinned.name, "pinned", state.figure(pinned.key, route.fastest, now, ask.mode)),
+                  *[r._replace(reason=None) for r in ranked]]
+    elif result.rescued is not None and ranked:
+        ranked[0] = Ranked(ranked[0].name, "soonest to reopen")
+    decision = Decision(ask.id, route.name, route.strategy, tuple(ranked), result.excluded)
+    together = 1
+    hedge = route.hedge
+    if (hedge is not None and hedge.explore and pinned is None and len(out) > 1 and ranked
+            and ranked[0].reason in ("explore", "unmeasured")):
+        together = 2  # learning races the next target instead of making the client wait for it
+    return Plan(decision, route, tuple(out), result.rescued, result.unservable, together)
+
+
+def _pin(route: Route, direct: bool, ask: Ask) -> Target | None:
+    """The target the request pins (its model names a provider, or x-route-provider), checked."""
     if direct:
         pinned = route.targets[0]
         if ask.pin is not None and ask.pin != pinned.name:
@@ -100,75 +124,36 @@ def plan(
                 f"which already pins provider '{pinned.name}'.",
                 code="unknown_pin",
             )
-    elif ask.pin is not None:
-        pinned = route.target(ask.pin)
-        if pinned is None:
-            names = ", ".join(t.name for t in route.targets)
-            raise Refused(
-                400,
-                f"x-route-provider: route '{route.name}' has no target '{ask.pin}' "
-                f"(targets: {names})",
-                code="unknown_pin",
-            )
-
-    result = eligible(route, config.providers, ask.tokens, state, now)
-    if pinned is not None:
-        reason = _pin_blocked(route, pinned, ask.tokens, config, state, now)
-        if reason is not None:
-            decision = Decision(
-                id=ask.id,
-                route=route.name,
-                strategy=route.strategy,
-                order=(),
-                excluded=(Excluded(pinned.name, reason), *_others(result.excluded, pinned)),
-            )
-            raise Refused(
-                400,
-                f"The pinned target '{pinned.name}' of route '{route.name}' cannot serve: "
-                f"{reason}. A pin is never re-routed; drop the pin or wait.",
-                code="pin_unavailable",
-                decision=decision,
-            )
-
-    rest = list(result.targets) if pinned is None else [t for t in result.targets if t is not pinned]
-    # Behind a pin nobody leads, so exploring would only shuffle the fallback.
-    out, ranked = order_targets(route, rest, state, now, rng, explore and pinned is None, ask.op, ask.mode)
-    if pinned is not None:
-        fig = state.figure(pinned.key, route.fastest, now, ask.mode)
-        detail = "pinned" if fig is None else f"pinned {fig:.2f}s"
-        out.insert(0, pinned)
-        ranked = [Ranked(pinned.name, detail), *_demote(ranked)]
-    elif result.rescued is not None and ranked:
-        ranked[0] = Ranked(ranked[0].name, "soonest to reopen")
-    decision = Decision(ask.id, route.name, route.strategy, tuple(ranked), result.excluded)
-    together = 1
-    hedge = route.hedge
-    if (hedge is not None and hedge.explore and pinned is None and len(out) > 1 and ranked
-            and ranked[0].detail.split(" ", 1)[0] in ("explore", "unmeasured")):
-        together = 2  # learning races the next target instead of making the client wait for it
-    return Plan(decision, route, tuple(out), result.rescued, result.unservable, together)
+        return pinned
+    if ask.pin is None:
+        return None
+    found = route.target(ask.pin)
+    if found is None:
+        names = ", ".join(t.name for t in route.targets)
+        raise Refused(
+            400,
+            f"x-route-provider: route '{route.name}' has no target '{ask.pin}' (targets: {names})",
+            code="unknown_pin",
+        )
+    return found
 
 
-def _pin_blocked(
-    route: Route, target: Target, tokens: int | None, config: Config, state: Snapshot, now: float
-) -> str | None:
-    reason = hard_reason(route, target, tokens, config.providers)
-    if reason is not None:
-        return reason
-    health = state.health(target.key, now)
-    return None if health.usable else health.reason
-
-
-def _others(excluded: tuple[Excluded, ...], pinned: Target) -> tuple[Excluded, ...]:
-    return tuple(e for e in excluded if e.name != pinned.name)
-
-
-def _demote(ranked: list[Ranked]) -> list[Ranked]:
-    """Behind a pin nobody is 'first': keep only each fallback's figure."""
-    if not ranked:
-        return ranked
-    first = ranked[0]
-    word, _, rest = first.detail.partition(" ")
-    if word in ("written", "weighted", "fastest", "explore", "cheapest", "score"):
-        first = Ranked(first.name, rest or "unmeasured")
-    return [first, *ranked[1:]]
+def _refuse_blocked(route: Route, pinned: Target, ask: Ask, config: Config, state: Snapshot, now: float,
+                    excluded: tuple[Excluded, ...]) -> None:
+    """A pin a hard filter or its breaker removes is a 400 with the decision: never re-routed."""
+    reason = hard_reason(route, pinned, ask.tokens, config.providers)
+    if reason is None:
+        health = state.health(pinned.key, now)
+        if health.usable:
+            return
+        reason = health.reason
+    others = tuple(e for e in excluded if e.name != pinned.name)
+    decision = Decision(id=ask.id, route=route.name, strategy=route.strategy, order=(),
+                        excluded=(Excluded(pinned.name, reason), *others))
+    raise Refused(
+        400,
+        f"The pinned target '{pinned.name}' of route '{route.name}' cannot serve: "
+        f"{reason}. A pin is never re-routed; drop the pin or wait.",
+        code="pin_unavailable",
+        decision=decision,
+    )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import ScoreWeights, Target, TargetKey
-from .decision import Ranked
+from .decision import TOTAL, Ranked
 
 __all__ = ["NEUTRAL", "SIGNALS", "ScoreView", "Scored", "cost_basis", "relative", "score", "score_targets"]
 
@@ -143,7 +143,7 @@ def score(
     for i, s in enumerate(scored):
         if i == 0:
             lead = lead_signal(weights, s, scored[1] if len(scored) > 1 else None)
-            ranked.append(Ranked(s.target.name, f"score {lead} {s.total:.2f}"))
+            ranked.append(Ranked(s.target.name, "score", s.total, TOTAL, lead))
         else:
-            ranked.append(Ranked(s.target.name, f"{s.total:.2f}"))
+            ranked.append(Ranked(s.target.name, None, s.total, TOTAL))
     return [s.target for s in scored], ranked

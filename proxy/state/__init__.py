@@ -14,6 +14,7 @@ from ..config import Config, Fastest, TargetKey
 from .breaker import Breaker, Health
 from .budget import HedgeBudget
 from .limiter import Limiter
+from .snapshot import TargetFigures, snapshot
 from .tracker import STREAMED, Tracker
 
 HISTORY = 100  # recent attempts kept per target for the health share
@@ -32,7 +33,7 @@ class State:
         self.targets: dict[TargetKey, TargetState] = {}
         self.limiters: dict[str, Limiter] = {}
         # Measured mean USD per call by (target name, operation), refreshed from the ledger
-        # by a background task (observe/costs.py); the score strategy reads it.
+        # by the gateway's CostRefresher; the score strategy reads it.
         self.costs: dict[tuple[str, str], float] = {}
         self.budgets: dict[str, HedgeBudget] = {}  # per route with a hedge
 
@@ -70,6 +71,10 @@ class State:
 
     def limiter(self, provider: str) -> Limiter | None:
         return self.limiters.get(provider)
+
+    def snapshot(self, config: Config, now: float) -> tuple[TargetFigures, ...]:
+        """Every target's figures, breaker and load now, as immutable records: what observers read."""
+        return snapshot(self, config, now)
 
     def configure(self, config: Config) -> None:
         """Adopt a (re)loaded config: keep what still exists, drop the rest."""
