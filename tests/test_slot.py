@@ -25,7 +25,8 @@ def probing() -> TargetState:
 async def test_a_taken_slot_gives_everything_back_once(heard: bool) -> None:
     ts, limiter = probing(), Limiter(limit=1, queue=0)
     slot = Slot(ts, limiter, probe=True)
-    await slot.take()
+    await slot.queue()
+    slot.count()
     slot.upstream = SimUpstream(200, {}, None, None)
     assert ts.in_flight == 1 and limiter.active == 1 and not slot.queued()
     slot.heard = heard
@@ -40,7 +41,7 @@ async def test_a_slot_cancelled_while_queued_counts_nothing() -> None:
     ts, limiter = probing(), Limiter(limit=1, queue=1)
     await limiter.acquire()  # someone else holds the only place
     slot = Slot(ts, limiter, probe=True)
-    task = asyncio.create_task(slot.take())
+    task = asyncio.create_task(slot.queue())
     await asyncio.sleep(0)
     assert slot.queued() and ts.in_flight == 0
     task.cancel()
@@ -62,7 +63,7 @@ async def test_a_slot_never_taken_releases_only_its_probe() -> None:
 async def test_a_plain_slot_leaves_someone_elses_probe_alone() -> None:
     ts = probing()
     slot = Slot(ts, None, probe=False)
-    await slot.take()
+    slot.count()
     slot.release()
     slot.release()
     assert ts.in_flight == 0 and ts.breaker.probing

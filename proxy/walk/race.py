@@ -75,7 +75,7 @@ class _HedgeTimer(Countdown):
     __slots__ = ("race",)
 
     def __init__(self, started: float, delay: float, race: Race) -> None:
-        super().__init__(started, delay)
+        Countdown.__init__(self, started, delay)
         self.race = race
 
     def expire(self, reason: str) -> None:

@@ -17,11 +17,11 @@ __all__ = ["Slot"]
 
 
 class Slot:
-    __slots__ = ("_counted", "_held", "_limiter", "_probe", "heard", "released", "ts", "upstream")
+    __slots__ = ("_counted", "_held", "_probe", "heard", "limiter", "released", "ts", "upstream")
 
     def __init__(self, ts: TargetState, limiter: Limiter | None, probe: bool) -> None:
         self.ts = ts
-        self._limiter = limiter  # the provider's limit, if it has one
+        self.limiter = limiter  # the provider's limit, if it has one
         self._held = False  # a place in it is ours
         self._counted = False  # counted in the target's in_flight
         self._probe = probe  # the breaker's half-open probe: let go unless it heard a verdict
@@ -29,19 +29,23 @@ class Slot:
         self.upstream: Upstream | None = None  # the call, once sent
         self.released = False
 
-    async def take(self) -> None:
-        """Wait for a place under the provider's limit, then count the call in flight (a call
-        still queued is not in flight: the planner must not see it as load on the target)."""
-        limiter = self._limiter
-        if limiter is not None:
-            await limiter.acquire()
-            self._held = True
+    async def queue(self) -> None:
+        """Wait for a place under the provider's limit (only when it has one: a coroutine per
+        attempt is measurable on the hot path)."""
+        limiter = self.limiter
+        assert limiter is not None
+        await limiter.acquire()
+        self._held = True
+
+    def count(self) -> None:
+        """Count the call in flight, once it holds its place: a call still queued is not, for
+        the planner must not see it as load on the target."""
         self.ts.in_flight += 1
         self._counted = True
 
     def queued(self) -> bool:
         """Still waiting for our own limit: a timeout now is ours (busy), not the provider's."""
-        return self._limiter is not None and not self._held
+        return self.limiter is not None and not self._held
 
     def release(self) -> None:
         """Close the call and give back the count, the limiter place and an unheard probe."""
@@ -52,7 +56,7 @@ class Slot:
             self.upstream.close()
         if self._counted:
             self.ts.in_flight -= 1
-        if self._held and self._limiter is not None:
-            self._limiter.release()
+        if self._held and self.limiter is not None:
+            self.limiter.release()
         if self._probe and not self.heard:
             self.ts.breaker.abandon_probe()

@@ -68,7 +68,7 @@ class _Waiting(Countdown):
     __slots__ = ("expired", "task")
 
     def __init__(self, task: asyncio.Task[object], started: float, limit: float) -> None:
-        super().__init__(started, limit)
+        Countdown.__init__(self, started, limit)  # not super(): built per attempt
         self.task = task
         self.expired = False
 
@@ -220,7 +220,9 @@ class Walker:
         deadlines = self.deadlines
         deadlines.watch(waiting)
         try:
-            await slot.take()
+            if slot.limiter is not None:
+                await slot.queue()
+            slot.count()
             upstream = slot.upstream = await aim.transport.send(provider, aim.request)
             if not 200 <= upstream.status < 300:
                 return await upstream.read(MAX_ERROR_BODY), None
