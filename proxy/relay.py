@@ -25,6 +25,7 @@ from aiohttp import web
 from .errors import StreamError
 from .server.replies import GATEWAY
 from .walk.lease import Lease
+from .walk.transport import UPSTREAM_ERRORS, break_of
 
 # Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
 DROPPED = frozenset(
@@ -162,8 +163,8 @@ async def _pump(response: web.StreamResponse, lease: Lease, clock: Callable[[], 
             lease.waiting_since = clock()
             data = await read()
             lease.waiting_since = None
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            return lease.expired or _describe(exc), b"", ended
+        except UPSTREAM_ERRORS as exc:
+            return lease.expired or break_of(exc), b"", ended
         if not data:
             ended = True
 
@@ -185,11 +186,3 @@ def _sent(meter: Meter, size: int, clock: Callable[[], float]) -> None:
     if meter.first_sent is None:
         meter.first_sent = clock()
     meter.sent += size
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "idle timeout"
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "stream cut"
-    return type(exc).__name__

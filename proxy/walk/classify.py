@@ -1,28 +1,27 @@
-"""The one rule for failing over, and the one place foreign errors become outcomes.
+"""The one rule for failing over: every failure of an attempt becomes an Outcome here.
 
 DESIGN.md "Walking the order": transport failures, timeouts, 408, 429, 5xx, the
 provider's context overflow and a full concurrency queue are failover-safe;
 any other 4xx goes back to the client as it is; a 2xx commits. ``busy`` moves on
 but says nothing about the provider (the limit is ours), so it never feeds the breaker.
+Foreign failures (aiohttp, ssl, OS errors) arrive already named by the transport edge
+(``transport.failure_of``), so nothing here knows the HTTP client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import re
-import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 
 from ..errors import StreamTooLarge
 from ..providers.first_token import Ended, UpstreamError
 from ..state.limiter import Busy
-from .transport import BodyTooLarge
+from .transport import BodyTooLarge, failure_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,19 +92,13 @@ def classify_exception(exc: BaseException) -> Outcome:
     """Map a failure before commit to an outcome; unknown exceptions propagate."""
     if isinstance(exc, Busy):
         return BUSY
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return Outcome("timeout", True, 504, "upstream did not answer in time")
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLError):
-        return Outcome("tls", True, 502, f"TLS failure talking to upstream: {exc}")
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return Outcome("dns", True, 502, f"cannot resolve upstream host: {exc}")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return Outcome("refused", True, 502, f"cannot connect to upstream: {exc.os_error}")
     if isinstance(exc, BodyTooLarge | StreamTooLarge):
         return Outcome("oversized", True, 502, str(exc))
-    if isinstance(exc, aiohttp.ClientError | OSError):
-        return Outcome("reset", True, 502, f"upstream connection failed: {type(exc).__name__}")
-    raise exc
+    failure = failure_of(exc)
+    if failure is None:
+        raise exc
+    word, message = failure
+    return Outcome(word, True, 504 if word == "timeout" else 502, message)
 
 
 # An error inside a 2xx (docs/adr/0007) is classified like its HTTP twin: the status the

@@ -13,13 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from ..config import Cooldown, Target
 from ..providers.base import StreamTranslator
 from .deadlines import Deadlines, Expired
 from .slot import Slot
-from .transport import Upstream
+from .transport import UPSTREAM_ERRORS, Upstream
 
 __all__ = ["MAX_DRAIN", "Background", "Lease"]
 
@@ -100,7 +98,7 @@ class Lease:
                 left -= len(data)
                 if left < 0:
                     break
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except UPSTREAM_ERRORS:
             pass
         finally:
             self.finish()

@@ -3,12 +3,14 @@
 A transport hands the walker an :class:`Upstream`: a status, headers, and the
 body as chunks as they arrive. The gateway picks one transport per provider kind
 when it is built (the simulator's is ``proxy/sim/transport.py``). Nothing here
-decides anything; aiohttp's exceptions are turned into outcomes in ``classify.py``.
+decides anything, but this is the edge where aiohttp's exceptions stop: :func:`failure_of`
+names a foreign failure in our words, so ``classify.py`` and the relay know no aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -54,6 +56,36 @@ class Transport(Protocol):
 
 class BodyTooLarge(Exception):
     pass
+
+
+# What a read or a send of an upstream call may raise when the wire fails (not our own errors).
+UPSTREAM_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, aiohttp.ClientError, OSError)
+
+
+def failure_of(exc: BaseException) -> tuple[str, str] | None:
+    """A transport failure's word and message, or None when ``exc`` is not one.
+
+    The order matters: a certificate error is a connector error, which is a client error."""
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return "timeout", "upstream did not answer in time"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLError):
+        return "tls", f"TLS failure talking to upstream: {exc}"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "dns", f"cannot resolve upstream host: {exc}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "refused", f"cannot connect to upstream: {exc.os_error}"
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return "reset", f"upstream connection failed: {type(exc).__name__}"
+    return None
+
+
+def break_of(exc: BaseException) -> str:
+    """How a committed stream broke, in the words its error event and the access log use."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "idle timeout"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "stream cut"
+    return type(exc).__name__
 
 
 class HttpUpstream:
