@@ -139,6 +139,7 @@ class Hedge:
     max_extra: float = 0.1  # at most this share of the route's requests start a second attempt
     explore: bool = True  # exploring and measuring race the leader instead of replacing it
     refresh_secs: float = 0.5  # under a race, a target not measured for this long is explored
+    cap: float = 4.0  # an explored loser runs on for this many times the winner's first token (routing/hedge.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,7 +598,7 @@ def _route(r: _Reader, name: str, raw: Any, providers: Mapping[str, Provider]) -
 def _hedge(r: _Reader, raw: Any, path: str) -> Hedge | None:
     if raw is None:
         return None
-    data = r.mapping(raw, path, ("after", "max_extra", "explore", "refresh"))
+    data = r.mapping(raw, path, ("after", "max_extra", "explore", "refresh", "cap"))
     after = data.get("after", "p90")
     secs: float | None = None
     percentile: int | None = None
@@ -613,6 +614,7 @@ def _hedge(r: _Reader, raw: Any, path: str) -> Hedge | None:
         max_extra=r.number(data, "max_extra", path, 0.1, low=0, high=1),
         explore=r.flag(data, "explore", path, True),
         refresh_secs=r.number(data, "refresh", path, 0.5, low=0.001),
+        cap=r.number(data, "cap", path, 4.0, low=1, high=100),
     )
 
 

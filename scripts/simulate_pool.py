@@ -125,6 +125,8 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "fastest-load": {"strategy": "fastest", "fastest": {"signal": "ewma", "load_aware": True}},
     # fastest-ewma served by the code before the race (``--today DIR``: a copy of proxy/ at that commit)
     "today-ewma": {"strategy": "fastest", "fastest": {"signal": "ewma"}},
+    # fastest-hedge served by that copy: a change and its base side by side in one run
+    "today-hedge": {"strategy": "fastest", "fastest": {"signal": "ewma"}, "hedge": {}},
 }
 HEDGE_OFF, HEDGE_ON = "fastest-ewma", "fastest-hedge"
 DEFAULT_STRATEGIES = ("ordered", "weighted", "fastest-ewma", "fastest-p50", "fastest-hedge")
@@ -420,9 +422,9 @@ def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: 
         if args.proxy_dir is not None and strategy != ORACLE:  # a variant of proxy/ (a proposed change)
             serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", "serve",
                      "--config", str(path)]
-        if strategy == "today-ewma":  # the same firstbyte command, run from a copy of an earlier proxy/
+        if strategy.startswith("today-"):  # the same firstbyte command, run from a copy of an earlier proxy/
             if args.today is None:
-                raise SystemExit("today-ewma needs --today DIR (a directory holding proxy/ at that commit)")
+                raise SystemExit(f"{strategy} needs --today DIR (a directory holding proxy/ at that commit)")
             serve = ["env", f"PYTHONPATH={args.today}", sys.executable, "-P", "-m", "proxy.cli", "serve",
                      "--config", str(path)]
         # -P: the working directory (this checkout) is not put before PYTHONPATH's copy of proxy/.

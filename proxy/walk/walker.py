@@ -259,6 +259,7 @@ class Walker:
                         await limiter.acquire()
                         acquired = True
                     ts.in_flight += 1
+                    ts.buffering += not call.stream
                     counted = True
                     upstream = await transport.send(provider, request)
                     ok = 200 <= upstream.status < 300
@@ -344,6 +345,7 @@ class Walker:
                 upstream.close()
             if counted:
                 ts.in_flight -= 1
+                ts.buffering -= not call.stream
             if acquired and limiter is not None:
                 limiter.release()
             if probe and not verdict:
