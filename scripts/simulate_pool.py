@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 
 from proxy.config import Fastest
-from proxy.routing.decision import parse_header
+from proxy.routing.decision import duplicate_calls, parse_header
 
 ROOT = bench.ROOT
 OUT = ROOT / "bench-results"
@@ -184,10 +184,8 @@ def served_ms(k: dict[str, float], ttfc_ms: float, role: str) -> float:
 
 
 def extra_calls(race: tuple[tuple[str, str], ...]) -> int:
-    """Upstream calls a request started beside its first (``race=``): every racer but one, not counting
-    a hedge that was due but not paid for (``budget exhausted``)."""
-    started = sum(role != "budget exhausted" for _, role in race)
-    return max(0, started - 1)
+    """Upstream calls a request started beside its first (``race=``), counted as the metric counts them."""
+    return duplicate_calls(race)
 
 
 async def sim_offsets(ports: dict[str, int]) -> dict[str, float]:
