@@ -129,8 +129,8 @@ class Race:
     async def run(self, together: int, first_reason: str) -> WalkResult:
         self.budget.deposit()
         if together > 1 and len(self.queue) > 1:
-            if self.budget.withdraw(count=not self._first_measure(first_reason)) \
-                    or self._first_measure(first_reason):
+            free = self._first_measure(first_reason)
+            if self.budget.withdraw(count=not free) or free:
                 # The plan's first is the explored (or unmeasured) target: it races in a task and
                 # is measured; the next in the order leads, inline.
                 explored = self._start(measuring=True)
