@@ -36,8 +36,9 @@ and a leader whose first token slows with its own concurrency (the oracle pins t
 least expected time counting its own calls still waiting there). Also reported: p99, duplicate
 upstream calls per request (racers beside the first, read from ``race=``; cross-checked by the
 simulators' own counts of calls begun), and the cold-start flood (calls each simulator had begun when
-its first first chunk went out). ``today-ewma`` with ``--today DIR`` serves ``fastest-ewma`` from an
-earlier copy of ``proxy/``; ``--proxy-dir DIR`` serves every run but the oracle from a variant.
+its first first chunk went out). ``today-ewma`` and ``today-hedge`` with ``--today DIR`` serve
+``fastest-ewma`` and ``fastest-hedge`` from an earlier copy of ``proxy/`` (a change and its base in
+one run); ``--proxy-dir DIR`` serves every run but the oracle from a variant.
 
     scripts/simulate-pool [--quick] [--race-only] [--scenarios ...] [--strategies ...] [--seconds S]
                           [--concurrency N] [--explore 0.03] [--hedge-after p90] [--refresh 5] [--tag T]
@@ -560,7 +561,7 @@ def main() -> int:
                    help="the oracle run always comes first: every ratio is to it (default: "
                         f"{' '.join(DEFAULT_STRATEGIES)}; in the race's scenarios {' '.join(RACE_STRATEGIES)})")
     p.add_argument("--today", default=None,
-                   help="a directory holding proxy/ as it was before the race, for the today-ewma strategy")
+                   help="a directory holding an earlier proxy/, for the today-ewma and today-hedge strategies")
     p.add_argument("--proxy-dir", default=None,
                    help="a directory holding a variant of proxy/ to serve every run but the oracle (to measure "
                         "a proposed routing change without editing proxy/)")
