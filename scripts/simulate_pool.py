@@ -36,8 +36,9 @@ and a leader whose first token slows with its own concurrency (the oracle pins t
 least expected time counting its own calls still waiting there). Also reported: p99, duplicate
 upstream calls per request (racers beside the first, read from ``race=``; cross-checked by the
 simulators' own counts of calls begun), and the cold-start flood (calls each simulator had begun when
-its first first chunk went out). ``today-ewma`` with ``--today DIR`` serves ``fastest-ewma`` from an
-earlier copy of ``proxy/``; ``--proxy-dir DIR`` serves every run but the oracle from a variant.
+its first first chunk went out). ``today-ewma`` and ``today-hedge`` with ``--today DIR`` serve
+``fastest-ewma`` and ``fastest-hedge`` from an earlier copy of ``proxy/`` (a change and its base in
+one run); ``--proxy-dir DIR`` serves every run but the oracle from a variant.
 
     scripts/simulate-pool [--quick] [--race-only] [--scenarios ...] [--strategies ...] [--seconds S]
                           [--concurrency N] [--explore 0.03] [--hedge-after p90] [--refresh 5] [--tag T]
@@ -62,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 
 from proxy.config import Fastest
-from proxy.routing.decision import parse_header
+from proxy.routing.decision import duplicate_calls, parse_header
 
 ROOT = bench.ROOT
 OUT = ROOT / "bench-results"
@@ -125,6 +126,8 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "fastest-load": {"strategy": "fastest", "fastest": {"signal": "ewma", "load_aware": True}},
     # fastest-ewma served by the code before the race (``--today DIR``: a copy of proxy/ at that commit)
     "today-ewma": {"strategy": "fastest", "fastest": {"signal": "ewma"}},
+    # fastest-hedge served by that copy: a change and its base side by side in one run
+    "today-hedge": {"strategy": "fastest", "fastest": {"signal": "ewma"}, "hedge": {}},
 }
 HEDGE_OFF, HEDGE_ON = "fastest-ewma", "fastest-hedge"
 DEFAULT_STRATEGIES = ("ordered", "weighted", "fastest-ewma", "fastest-p50", "fastest-hedge")
@@ -182,10 +185,8 @@ def served_ms(k: dict[str, float], ttfc_ms: float, role: str) -> float:
 
 
 def extra_calls(race: tuple[tuple[str, str], ...]) -> int:
-    """Upstream calls a request started beside its first (``race=``): every racer but one, not counting
-    a hedge that was due but not paid for (``budget exhausted``)."""
-    started = sum(role != "budget exhausted" for _, role in race)
-    return max(0, started - 1)
+    """Upstream calls a request started beside its first (``race=``), counted as the metric counts them."""
+    return duplicate_calls(race)
 
 
 async def sim_offsets(ports: dict[str, int]) -> dict[str, float]:
@@ -420,9 +421,9 @@ def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: 
         if args.proxy_dir is not None and strategy != ORACLE:  # a variant of proxy/ (a proposed change)
             serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", "serve",
                      "--config", str(path)]
-        if strategy == "today-ewma":  # the same firstbyte command, run from a copy of an earlier proxy/
+        if strategy.startswith("today-"):  # the same firstbyte command, run from a copy of an earlier proxy/
             if args.today is None:
-                raise SystemExit("today-ewma needs --today DIR (a directory holding proxy/ at that commit)")
+                raise SystemExit(f"{strategy} needs --today DIR (a directory holding proxy/ at that commit)")
             serve = ["env", f"PYTHONPATH={args.today}", sys.executable, "-P", "-m", "proxy.cli", "serve",
                      "--config", str(path)]
         # -P: the working directory (this checkout) is not put before PYTHONPATH's copy of proxy/.
@@ -560,7 +561,7 @@ def main() -> int:
                    help="the oracle run always comes first: every ratio is to it (default: "
                         f"{' '.join(DEFAULT_STRATEGIES)}; in the race's scenarios {' '.join(RACE_STRATEGIES)})")
     p.add_argument("--today", default=None,
-                   help="a directory holding proxy/ as it was before the race, for the today-ewma strategy")
+                   help="a directory holding an earlier proxy/, for the today-ewma and today-hedge strategies")
     p.add_argument("--proxy-dir", default=None,
                    help="a directory holding a variant of proxy/ to serve every run but the oracle (to measure "
                         "a proposed routing change without editing proxy/)")

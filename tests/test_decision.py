@@ -15,6 +15,7 @@ from proxy.routing.decision import (
     HeaderError,
     Racer,
     Ranked,
+    duplicate_calls,
     format_header,
     parse_header,
 )
@@ -72,6 +73,12 @@ def test_format_matches_the_design_example() -> None:
                      race=(Racer("b", "explore"), Racer("a", "leader"), Racer("c", "budget exhausted"))),
             id="explore-race-with-error-event-and-refused-hedge",
         ),
+        pytest.param(
+            Decision("a1", "chat", "fastest", (Ranked("b", "explore 0.82s"), Ranked("a", "0.31s")),
+                     attempts=(Attempt("a", "200", 0.3, ttfc=0.3), Attempt("b", "capped", 1.2)), served="a",
+                     race=(Racer("b", "explore"), Racer("a", "leader"))),
+            id="explored-loser-cut-at-its-cap",
+        ),
     ],
 )
 def test_round_trip(decision: Decision) -> None:
@@ -84,6 +91,21 @@ def test_round_trip(decision: Decision) -> None:
     assert parsed.attempt_outcomes() == [(a.name, a.outcome) for a in decision.attempts]
     assert parsed.first_reason == decision.first_reason
     assert parsed.race == tuple((r.name, r.role) for r in decision.race)
+
+
+@pytest.mark.parametrize(
+    ("race", "extra"),
+    [
+        pytest.param((), 0, id="no-race"),
+        pytest.param((("b", "budget exhausted"),), 0, id="refused-started-nothing"),
+        pytest.param((("a", "leader"), ("b", "hedge 0.40s")), 1, id="a-hedge"),
+        pytest.param((("b", "explore"), ("a", "leader")), 1, id="an-explore-costs-the-leader-beside-it"),
+        pytest.param((("b", "budget exhausted"), ("a", "leader"), ("b", "hedge 0.20s")), 1,
+                     id="refused-explore-then-a-paid-hedge"),
+    ],
+)
+def test_duplicate_calls(race: tuple[tuple[str, str], ...], extra: int) -> None:
+    assert duplicate_calls(race) == extra
 
 
 def test_parsed_helpers() -> None:

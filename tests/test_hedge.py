@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from proxy.config import Hedge
-from proxy.routing.hedge import MIN_SAMPLES, hedge_delay
+from proxy.errors import ConfigError
+from proxy.routing.hedge import CAP_CEILING, CAP_FLOOR, MIN_SAMPLES, hedge_delay, measure_cap
 from proxy.routing.plan import Ask, plan
 from proxy.state import State
 from proxy.state.budget import CAP, HedgeBudget
+from proxy.state.tracker import BUFFERED
 
 from .test_plan import NOW, config, fig, t
 
@@ -58,13 +60,48 @@ def test_a_quiet_route_saves_at_most_cap_tokens() -> None:
     assert sum(budget.withdraw() for _ in range(20)) == int(CAP)
 
 
+@pytest.mark.parametrize(
+    ("hedge", "winner", "cap"),
+    [
+        pytest.param(Hedge(), 0.5, 2.0, id="four-times-the-winners-first-token"),
+        pytest.param(Hedge(), 0.02, CAP_FLOOR, id="a-fast-winner-leaves-the-floor"),
+        pytest.param(Hedge(), 3.0, CAP_CEILING, id="a-slow-winner-meets-the-ceiling"),
+        pytest.param(Hedge(cap=2.0), 0.5, 1.0, id="the-knob-is-the-multiple"),
+        pytest.param(Hedge(), None, CAP_CEILING, id="a-client-error-answer-has-no-first-token"),
+    ],
+)
+def test_measure_cap(hedge: Hedge, winner: float | None, cap: float) -> None:
+    assert measure_cap(hedge, winner) == cap
+
+
+@pytest.mark.parametrize(
+    ("cap", "problem"),
+    [
+        pytest.param(0.5, "routes.chat.hedge.cap: must be at least 1, got 0.5", id="under-one-would-cut-a-tie"),
+        pytest.param("4x", "routes.chat.hedge.cap: expected a number, got '4x'", id="not-a-number"),
+    ],
+)
+def test_hedge_cap_is_validated_with_its_path(cap: Any, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config("fastest", [t("a"), t("b")], hedge={"cap": cap})
+    assert problem in str(caught.value)
+
+
+def test_budget_refuses_a_request_once() -> None:
+    budget = HedgeBudget(0.0)
+    budget.withdraw()  # the start's token
+    assert not budget.withdraw() and not budget.withdraw(count=False)
+    assert budget.refused == 1
+
+
 def racing(strategy: str = "fastest", **route: Any) -> Any:
     return config(strategy, [t("a"), t("b"), t("c")], hedge={"after": 1, "refresh": 5}, **route)
 
 
-def in_flight(name: str, n: int = 1) -> Any:
+def in_flight(name: str, n: int = 1, buffered: int = 0) -> Any:
     def setup(s: State) -> None:
-        s.target((name, "m")).in_flight = n
+        ts = s.target((name, "m"))
+        ts.in_flight, ts.buffering = n + buffered, buffered
 
     return setup
 
@@ -103,6 +140,14 @@ H = "id=t1; route=chat; strategy=fastest; order="
                      "a(fastest 0.20s), b(0.30s), c(0.50s)", 1, id="load-unaware-by-default"),
         pytest.param(config("fastest", [t("a"), t("b")], hedge={"after": 1, "explore": False}), (),
                      "a(unmeasured), b(unmeasured)", 1, id="hedge-explore-off-measures-alone"),
+        pytest.param(racing(), (in_flight("a", 0, buffered=2),), "a(unmeasured), b(unmeasured), c(unmeasured)", 2,
+                     id="buffered-calls-in-flight-do-not-measure-the-streamed-figure"),
+        pytest.param(racing(fastest={"explore": 0}), (fig("a", 0.2), fig("b", 0.3), fig("c", 0.5, 0.5, 0.5, 0.15)),
+                     "c(explore 0.22s), a(0.20s), b(0.30s)", 2,
+                     id="a-newest-sample-that-beats-the-leader-is-confirmed-at-once"),
+        pytest.param(racing(fastest={"explore": 0}),
+                     (fig("a", 0.2), fig("b", 0.3), fig("c", 0.5, 0.5, 0.5, 0.15), in_flight("c")),
+                     "a(fastest 0.20s), c(0.22s), b(0.30s)", 1, id="a-recovery-being-confirmed-is-not-raced-twice"),
     ],
 )
 def test_racing_order(cfg: Any, setups: tuple[Any, ...], order: str, together: int) -> None:
@@ -112,3 +157,11 @@ def test_racing_order(cfg: Any, setups: tuple[Any, ...], order: str, together: i
     planned = plan(cfg, Ask("t1", "chat"), state, NOW, random.Random(7))
     assert planned.decision.header() == H + order
     assert planned.together == together
+
+
+def test_a_buffered_request_measures_a_target_busy_only_with_streams() -> None:
+    cfg = racing()
+    state = State()
+    in_flight("a", 2)(state)  # streamed calls: the buffered figure is still unmeasured and nobody measures it
+    planned = plan(cfg, Ask("t1", "chat", mode=BUFFERED), state, NOW, random.Random(7))
+    assert planned.decision.header() == H + "a(unmeasured), b(unmeasured), c(unmeasured)"

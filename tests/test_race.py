@@ -286,3 +286,72 @@ async def test_a_racer_counts_in_flight_from_its_start_so_a_cold_burst_spreads(u
     await settle(a, b, c, want=len(a.starts) + len(b.starts) + len(c.starts))
     await asyncio.sleep(0.05)
     assert [p.gateway.state.target((n, "m")).in_flight for n in "abc"] == [0, 0, 0]  # nothing left counted
+
+
+async def test_an_explored_loser_slower_than_its_cap_is_cut_at_the_cap(upstreams, proxy):
+    from proxy.routing.hedge import CAP_FLOOR
+
+    a, b = Timed(first=0.02), Timed(first=2.0, text="slow")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1})
+    await p.post("/v1/chat/completions", {**CHAT, "stream": True})  # a measured beside b: a wins, b lost
+    await settle(a, b, want=2)
+    assert (b.cut, p.gateway.state.tracker.samples(("b", "m"))) == (1, 0)
+    t0 = time.monotonic()
+    status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "a" and d.race == (("b", "measure"), ("a", "leader"))
+    assert ("b", "measuring") in d.attempt_outcomes()
+    await settle(a, b, want=4)
+    cut_at = time.monotonic() - t0
+    assert b.cut == 2 and b.finished == 0  # its upstream saw the connection closed
+    assert CAP_FLOOR <= cut_at < 1.5  # at the cap (4x a's first token is under the floor), not at its 2 s
+    key = ("b", "m")
+    assert p.gateway.state.health(key, p.gateway.clock()).failures == 0  # not blamed
+    recent = p.gateway.state.tracker.recent(key, "streamed")
+    assert len(recent) == 1 and CAP_FLOOR - 0.05 < recent[0] < 1.5  # a lower bound, not its first token
+    assert sum(ts.in_flight for ts in p.gateway.state.targets.values()) == 0
+
+
+async def test_a_measuring_losers_late_client_error_keeps_its_word(upstreams, proxy, monkeypatch):
+    from proxy.walk import race as race_mod
+
+    races: list[race_mod.Race] = []
+    orig_init = race_mod.Race.__init__
+
+    def init(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        races.append(self)
+
+    monkeypatch.setattr(race_mod.Race, "__init__", init)
+
+    async def late_400(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.2)
+        return web.json_response({"error": {"message": "no such param", "type": "invalid_request_error"}},
+                                 status=400)
+
+    ups, p = await race_proxy(upstreams, proxy, {"a": late_400, "b": Timed(first=0.01)}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1})
+    status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    assert status == 200 and decision_of(headers).race == (("a", "measure"), ("b", "leader"))
+    deadline = time.monotonic() + 2
+    racer = races[0].racers[0]
+    while (racer.task is None or not racer.task.done()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert [x.outcome for x in racer.trail.attempts] == ["400"]  # what happened, not "measured"
+
+
+async def test_a_request_is_refused_by_the_budget_at_most_once(upstreams, proxy):
+    a, b, c = Timed(first=0.3), Timed(first=0.01), Timed(first=0.01)
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b, "c": c}, strategy="fastest",
+                              fastest={"explore": 1.0, "seed": 1}, hedge={"after": 0.05, "max_extra": 0})
+    now = p.gateway.clock()
+    for name, secs in (("a", 0.01), ("b", 0.5), ("c", 0.5)):  # a leads by its figure, but is slow today
+        p.gateway.state.tracker.record((name, "m"), secs, now)
+    budget = p.gateway.state.budget("chat", 0)
+    budget.tokens = 0.0  # nothing to race with: the explore is refused, then the hedge would be
+    status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200
+    assert [role for _, role in d.race] == ["budget exhausted"], headers["x-route-decision"]
+    assert budget.refused == 1

@@ -277,7 +277,7 @@ def _route(r: Reader, name: str, raw: Any, providers: Mapping[str, Provider]) ->
 def _hedge(r: Reader, raw: Any, path: str) -> Hedge | None:
     if raw is None:
         return None
-    data = r.mapping(raw, path, ("after", "max_extra", "explore", "refresh"))
+    data = r.mapping(raw, path, ("after", "max_extra", "explore", "refresh", "cap"))
     after = data.get("after", f"p{default(Hedge, 'after_percentile')}")
     secs: float | None = None
     percentile: int | None = None
@@ -293,6 +293,7 @@ def _hedge(r: Reader, raw: Any, path: str) -> Hedge | None:
         max_extra=r.number(data, "max_extra", path, default(Hedge, "max_extra"), low=0, high=1),
         explore=r.flag(data, "explore", path, default(Hedge, "explore")),
         refresh_secs=r.number(data, "refresh", path, default(Hedge, "refresh_secs"), low=0.001),
+        cap=r.number(data, "cap", path, default(Hedge, "cap"), low=1, high=100),
     )
 
 

@@ -25,6 +25,7 @@ from typing import cast
 from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
 
 from ..config import Config
+from ..routing.decision import duplicate_calls
 from . import Finished
 
 __all__ = [
@@ -261,7 +262,7 @@ class Metrics:
             if hedges:
                 add(self.hedges, by_route, hedges)
             if len(ran) > 1:
-                add(self.duplicates, by_route, len(ran) - 1)
+                add(self.duplicates, by_route, duplicate_calls(race))
                 if served_name:
                     add(self.races_won, (("target", self._target(served_name)),), 1)
             if len(ran) < len(race):

@@ -9,7 +9,8 @@ ledger) only read it. The header grammar is fixed by DESIGN.md::
 
 A request that raced (docs/adr/0008) also carries ``race=``: each racer with why it
 ran (``leader``, ``hedge 0.40s``, ``explore``, ``measure``, or ``budget exhausted`` for a
-hedge that was due but not paid for), in the order they started.
+hedge that was due but not paid for), in the order they started. A loser's attempt reads ``lost``,
+``measuring`` (still running to its own first token at the commit), ``measured`` or ``capped``.
 
 Fields with no items (``excluded``, ``attempts``, ``race``, ``served``) are left out, so the
 parser treats a missing field as empty.
@@ -18,6 +19,7 @@ parser treats a missing field as empty.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -29,6 +31,7 @@ __all__ = [
     "ParsedDecision",
     "Racer",
     "Ranked",
+    "duplicate_calls",
     "format_attempts",
     "format_excluded",
     "format_header",
@@ -136,6 +139,14 @@ class Decision:
         if "_header" not in changes and not _HEADER_FIELDS.isdisjoint(changes):
             changes["_header"] = None
         return Decision(*[changes[name] if name in changes else getattr(self, name) for name in _FIELDS])
+
+
+def duplicate_calls(race: Sequence[tuple[str, str]]) -> int:
+    """Upstream calls a request started beyond one: every racer but one, not a ``budget exhausted``
+    (never started). Which racer is the extra one does not matter: an explored racer replaces the
+    call the request would have made alone. The metric and scripts/simulate-pool count by this."""
+    started = sum(role != "budget exhausted" for _, role in race)
+    return started - 1 if started > 1 else 0
 
 
 _FIELDS = tuple(f for f in Decision.__dataclass_fields__)

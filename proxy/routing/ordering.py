@@ -36,7 +36,7 @@ class FigureView(Protocol):
 class OrderView(FigureView, ScoreView, Protocol):
     """What ordering reads of the state snapshot."""
 
-    def in_flight(self, key: TargetKey) -> int: ...
+    def in_flight(self, key: TargetKey, mode: str | None = ...) -> int: ...
 
     def age(self, key: TargetKey, now: float, mode: str = ...) -> float | None: ...
 
@@ -76,17 +76,33 @@ def load_penalty(policy: Fastest, in_flight: int) -> float:
     return 1.0 + policy.load_weight * in_flight if policy.load_aware else 1.0
 
 
-def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: float, mode: str) -> str | None:
-    """Under a racing route with ``hedge.explore``: the target whose figure is oldest, when it is
-    older than ``hedge.refresh_secs`` (exploring it costs the client nothing, so do it on time)."""
+@lru_cache(maxsize=64)
+def _newest_policy(policy: Fastest) -> Fastest:
+    return replace(policy, signal="ewma", alpha=1.0)  # an EWMA of weight 1 is the newest sample
+
+
+def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: float, mode: str,
+            figures: Figures | None = None) -> str | None:
+    """Under a racing route with ``hedge.explore``: the target to explore because its figure is
+    out of date (exploring costs the client nothing, so do it on time). First a target whose
+    newest sample beats the leading figure while its own figure still ranks it behind (a
+    recovery seen once, confirmed by the next sample instead of a wait for ``refresh``); else the
+    one whose figure is oldest, when older than ``hedge.refresh_secs``."""
     hedge = route.hedge
     if hedge is None or not hedge.explore:
         return None
+    leading = min((f for f in figures.values() if f is not None), default=None) if figures else None
     best: tuple[float, str] | None = None
     for t in targets:
+        if state.in_flight(t.key, mode):  # one request re-measures it, not every one
+            continue
+        if leading is not None and figures is not None and (fig := figures.get(t.name)) is not None \
+                and fig > leading:
+            newest = state.figure(t.key, _newest_policy(route.fastest), now, mode)
+            if newest is not None and newest < leading:
+                return t.name
         age = state.age(t.key, now, mode)
-        if age is not None and age > hedge.refresh_secs and (best is None or age > best[0]) \
-                and not state.in_flight(t.key):  # one request re-measures it, not every one
+        if age is not None and age > hedge.refresh_secs and (best is None or age > best[0]):
             best = (age, t.name)
     return None if best is None else best[1]
 
@@ -204,8 +220,8 @@ def order_targets(
     if strategy == "weighted":
         out, first = weighted(targets, figures, rng)
     elif strategy == "fastest":
-        measuring = {t.name: n for t in targets if figures[t.name] is None and (n := state.in_flight(t.key))}
-        stale = stalest(route, targets, state, now, mode) if explore else None
+        measuring = {t.name: n for t in targets if figures[t.name] is None and (n := state.in_flight(t.key, mode))}
+        stale = stalest(route, targets, state, now, mode, figures) if explore else None
         out, first = fastest(targets, figures, route.fastest, rng if explore else None, measuring, stale)
     elif strategy == "cheapest":
         out, first = cheapest(targets, figures)

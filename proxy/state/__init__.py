@@ -15,7 +15,7 @@ from .breaker import Breaker, Health
 from .budget import HedgeBudget
 from .limiter import Limiter
 from .snapshot import TargetFigures, snapshot
-from .tracker import STREAMED, Tracker
+from .tracker import BUFFERED, STREAMED, Tracker
 
 HISTORY = 100  # recent attempts kept per target for the health share
 
@@ -24,6 +24,7 @@ HISTORY = 100  # recent attempts kept per target for the health share
 class TargetState:
     breaker: Breaker = field(default_factory=Breaker)
     in_flight: int = 0
+    buffering: int = 0  # of those, buffered calls: a mode's figure is measured by its own calls (ADR 0007)
     history: deque[bool] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
 
@@ -50,9 +51,15 @@ class State:
     def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
         return self.tracker.figure(key, policy, now, mode)
 
-    def in_flight(self, key: TargetKey) -> int:
+    def in_flight(self, key: TargetKey, mode: str | None = None) -> int:
+        """Attempts in flight at the target: all of them (its load), or those of one mode (what
+        is measuring that mode's figure)."""
         ts = self.targets.get(key)
-        return 0 if ts is None else ts.in_flight
+        if ts is None:
+            return 0
+        if mode is None:
+            return ts.in_flight
+        return ts.buffering if mode == BUFFERED else ts.in_flight - ts.buffering
 
     def age(self, key: TargetKey, now: float, mode: str = STREAMED) -> float | None:
         return self.tracker.age(key, now, mode)

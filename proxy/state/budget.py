@@ -26,10 +26,12 @@ class HedgeBudget:
         tokens = self.tokens + self.share
         self.tokens = CAP if tokens > CAP else tokens
 
-    def withdraw(self) -> bool:
-        """Take a token for one extra attempt, or say no (and count the refusal)."""
+    def withdraw(self, count: bool = True) -> bool:
+        """Take a token for one extra attempt, or say no (and count the refusal, unless this
+        request was refused once already: a request is refused at most once)."""
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return True
-        self.refused += 1
+        if count:
+            self.refused += 1
         return False

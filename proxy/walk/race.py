@@ -6,7 +6,8 @@ task. A race starts in two ways:
 
 - the plan explores or measures (``together``): the explored or unmeasured target runs in a
   task of its own beside the leader, and runs on to its own first token even when the leader
-  wins, so its figure is measured, not guessed;
+  wins, so its figure is measured, not guessed, for at most ``measure_cap`` seconds from its
+  start (then it is cut, not blamed, and its time so far stands as a lower bound);
 - the leader has no first token by ``hedge.after``: the next target starts in a task of its
   own (once per request). The timer is one more call the deadline sweeper watches, so a
   request that never hedges arms no timer and starts no task.
@@ -28,7 +29,7 @@ from typing import Any
 from ..config import Hedge, Provider, Route, Target
 from ..providers import Call
 from ..routing.decision import Attempt, Racer
-from ..routing.hedge import hedge_delay
+from ..routing.hedge import hedge_delay, measure_cap
 from ..routing.plan import Plan
 from ..state.tracker import BUFFERED, STREAMED
 from .deadlines import Countdown
@@ -51,7 +52,7 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
 class _Racer:
     """A target running in a task of its own beside the leader."""
 
-    __slots__ = ("measuring", "reserved", "started", "target", "task", "trail")
+    __slots__ = ("buffered", "cap", "capped", "measuring", "reserved", "started", "target", "task", "trail")
 
     def __init__(self, target: Target, started: float, measuring: bool) -> None:
         self.target = target
@@ -60,6 +61,18 @@ class _Racer:
         self.trail = Trail()
         self.task: asyncio.Task[None] | None = None
         self.reserved: Any = None  # the target's state, counted in flight until the racer's task runs
+        self.buffered = False  # counted in its mode too
+        self.cap: asyncio.TimerHandle | None = None  # a loser being measured: when it is cut
+        self.capped = False  # the cut came: the cancel is ours, not the loop's
+
+
+def _cut(racer: _Racer) -> None:
+    """The measuring loser's cap: it has taken several times the winner's time, so stop it."""
+    racer.cap = None
+    task = racer.task
+    if task is not None and not task.done():
+        racer.capped = True
+        task.cancel()
 
 
 def _unreserve(racer: _Racer) -> None:
@@ -67,6 +80,7 @@ def _unreserve(racer: _Racer) -> None:
     if ts is not None:
         racer.reserved = None
         ts.in_flight -= 1
+        ts.buffering -= racer.buffered
 
 
 class _HedgeTimer(Countdown):
@@ -90,6 +104,7 @@ class Race:
     winner: _Racer | None = None  # a racer that committed first
     rejected: _Racer | None = None  # a racer's client error, kept while another may still answer
     hedged = False  # one hedge per request: the budget's share is per request
+    refused = False  # the budget said no once: a later no is neither counted nor shown
     timer: _HedgeTimer | None = None
     interrupted = False  # a racer won while the leader ran inline: its await was cancelled
     changed: asyncio.Future[None] | None = None  # a racer finished
@@ -113,7 +128,8 @@ class Race:
     async def run(self, together: int, first_reason: str) -> Walked:
         self.budget.deposit()
         if together > 1 and len(self.queue) > 1:
-            if self.budget.withdraw():
+            free = self._first_measure(first_reason)
+            if self.budget.withdraw(count=not free) or free:
                 # The plan's first is the explored (or unmeasured) target: it races in a task and
                 # is measured; the next in the order leads, inline.
                 explored = self._start(measuring=True)
@@ -125,8 +141,10 @@ class Race:
                 # behind the leader (a hedge may still start it) instead of making the client wait.
                 self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
                 self.queue.insert(1, self.queue.pop(0))
+                self.refused = True
             else:
                 self.roles.append(Racer(self.queue[1].name, "budget exhausted"))
+                self.refused = True
         try:
             if self.queue and await self._lead(self.queue.pop(0)):
                 return self._finish(self.inline)
@@ -155,6 +173,16 @@ class Race:
                 if task is not None and not task.done() and not (racer.measuring and self._won()):
                     task.cancel()
 
+    def _first_measure(self, first_reason: str) -> bool:
+        """An unmeasured target nobody is measuring yet races even when the budget is empty: it is
+        measured once (its figure, or the lower bound of its cap, then stands), so this costs at
+        most one call per target per cold start or expired figure, and without it the target
+        would serve a client alone, blind (a cold burst spends the bucket's start at once)."""
+        if first_reason != "unmeasured":
+            return False
+        mode = STREAMED if self.call.stream else BUFFERED
+        return not self.walker.state.in_flight(self.queue[0].key, mode)
+
     async def _lead(self, target: Target) -> bool:
         """Run ``target`` in the request's task; True when it committed first."""
         self.leader, self.leader_started = target, self.walker.clock()
@@ -182,10 +210,11 @@ class Race:
         if self.hedged or self.leader is None or self.winner is not None or not self.queue:
             return
         self.hedged = True
-        if not self.budget.withdraw():
-            self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
+        if not self.budget.withdraw(count=not self.refused):
+            if not self.refused:  # one request is one refusal, however many racers it wanted
+                self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
             return
-        if not self.roles:
+        if not any(role == "leader" for _, role in self.roles):
             self.roles.append(Racer(self.leader.name, "leader"))
         after = self.walker.clock() - self.leader_started
         self.roles.append(Racer(self._start(measuring=False).target.name, f"hedge {after:.2f}s"))
@@ -197,6 +226,8 @@ class Race:
         # that arrived together) must see it, or they all pick the same unmeasured target.
         ts = racer.reserved = self.walker.state.target(racer.target.key)
         ts.in_flight += 1
+        racer.buffered = not self.call.stream
+        ts.buffering += racer.buffered
         task = racer.task = asyncio.get_running_loop().create_task(self._run(racer))
         task.add_done_callback(lambda _task: _unreserve(racer))  # cancelled before it ever ran
         return racer
@@ -206,9 +237,16 @@ class Race:
         later answer is let go at once: it was measured, not served."""
         _unreserve(racer)  # the attempt counts itself from here on, with no await in between
         try:
-            over = await self.walker.try_target(racer.trail, self.route, racer.target, self.providers,
-                                                self.call, racer.target.name == self.rescued,
-                                                self._won if racer.measuring else None)
+            try:
+                over = await self.walker.try_target(racer.trail, self.route, racer.target, self.providers,
+                                                    self.call, racer.target.name == self.rescued,
+                                                    self._won if racer.measuring else None)
+            except asyncio.CancelledError:
+                task = racer.task
+                if not racer.capped or task is None or task.uncancel():
+                    raise  # the client left, or the loop is closing
+                self._capped(racer)
+                return
             if not over:
                 self.last = racer.trail
                 return
@@ -229,12 +267,31 @@ class Race:
             if lease is not None:
                 lease.finish()
                 racer.trail.lease = None
-            racer.trail.served = None
-            last = racer.trail.attempts[-1]
-            racer.trail.attempts[-1] = Attempt(last.name, "measured", last.seconds)
+            if racer.trail.served is not None:  # a late client error keeps its own word
+                racer.trail.served = None
+                last = racer.trail.attempts[-1]
+                racer.trail.attempts[-1] = Attempt(last.name, "measured", last.seconds)
         finally:
+            if racer.cap is not None:
+                racer.cap.cancel()
+                racer.cap = None
             if self.changed is not None and not self.changed.done():
                 self.changed.set_result(None)
+
+    def _capped(self, racer: _Racer) -> None:
+        """A measuring loser cut at its cap: not a failure (nothing counts against it), and its
+        time so far is a lower bound of its first token, recorded as a censored sample that never
+        lowers its figure: it ranks the target behind the winner, which is all the order needs, and
+        dates its figure, so staleness does not send it straight back into a race."""
+        now = self.walker.clock()
+        elapsed = now - racer.started
+        racer.trail.attempts.append(Attempt(racer.target.name, "capped", elapsed))
+        if len(racer.trail.attempts) > 1:
+            return  # an earlier try failed: this is no lower bound of a first token
+        mode = STREAMED if self.call.stream else BUFFERED
+        key = racer.target.key
+        figure = self.walker.state.figure(key, self.route.fastest, now, mode)
+        self.walker.state.tracker.record(key, elapsed if figure is None else max(elapsed, figure), now, mode)
 
     def _won(self) -> bool:
         return self.winner is not None or self.inline.served is not None
@@ -258,6 +315,14 @@ class Race:
             self.walker.deadlines.forget_timer(self.timer)
             self.timer = None
 
+    def _arm_cap(self, racer: _Racer, answer: Trail, now: float) -> None:
+        """Cut ``racer`` once it has run ``measure_cap`` from its start. One loop timer per
+        measuring loser, which exists only on a request that raced (at most ``max_extra`` of
+        them): the sweeper's coarse interval would make a half-second cap up to a second late."""
+        last = answer.attempts[-1] if answer.attempts else None
+        cap = measure_cap(self.hedge, None if last is None else last.ttfc)
+        racer.cap = asyncio.get_running_loop().call_later(max(0.0, racer.started + cap - now), _cut, racer)
+
     def _finish(self, trail: Trail, winner: _Racer | None = None) -> Walked:
         """``trail``'s verdict (the winner's, the inline leader's, or the last failure's) with every attempt
         in the order the targets started; a racer cut short shows ``lost``, one still being
@@ -274,6 +339,7 @@ class Race:
                 attempts.append(Attempt(racer.target.name, "measuring" if keep else "lost", now - racer.started))
                 if keep:
                     self.walker.keep(task)
+                    self._arm_cap(racer, trail, now)
             parts.append((racer.started, attempts))
         merged = tuple(a for _, attempts in sorted(parts, key=lambda p: p[0]) for a in attempts)
         return trail.result(merged, tuple(self.roles))

@@ -17,10 +17,11 @@ __all__ = ["Slot"]
 
 
 class Slot:
-    __slots__ = ("_counted", "_held", "_probe", "heard", "limiter", "released", "ts", "upstream")
+    __slots__ = ("_buffered", "_counted", "_held", "_probe", "heard", "limiter", "released", "ts", "upstream")
 
-    def __init__(self, ts: TargetState, limiter: Limiter | None, probe: bool) -> None:
+    def __init__(self, ts: TargetState, limiter: Limiter | None, probe: bool, buffered: bool = False) -> None:
         self.ts = ts
+        self._buffered = buffered  # a buffered call also counts in ``buffering`` (its mode's measuring)
         self.limiter = limiter  # the provider's limit, if it has one
         self._held = False  # a place in it is ours
         self._counted = False  # counted in the target's in_flight
@@ -40,7 +41,9 @@ class Slot:
     def count(self) -> None:
         """Count the call in flight, once it holds its place: a call still queued is not, for
         the planner must not see it as load on the target."""
-        self.ts.in_flight += 1
+        ts = self.ts
+        ts.in_flight += 1
+        ts.buffering += self._buffered
         self._counted = True
 
     def queued(self) -> bool:
@@ -56,6 +59,7 @@ class Slot:
             self.upstream.close()
         if self._counted:
             self.ts.in_flight -= 1
+            self.ts.buffering -= self._buffered
         if self._held and self.limiter is not None:
             self.limiter.release()
         if self._probe and not self.heard:

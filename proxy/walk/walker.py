@@ -207,7 +207,7 @@ class Walker:
         if admitted == WAIT:
             trail.skipped(aim.target.name, ts.breaker.health(now).reason)
             return None
-        return Slot(ts, self.state.limiter(aim.provider.name), admitted == PROBE)
+        return Slot(ts, self.state.limiter(aim.provider.name), admitted == PROBE, not aim.call.stream)
 
     async def _send(self, slot: Slot, aim: _Aim, started: float) -> tuple[bytes, UpstreamError | Ended | None]:
         """Take the slot, send, and read up to the commit point under the first-chunk deadline:
