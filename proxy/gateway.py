@@ -21,7 +21,7 @@ import aiohttp
 
 from .config import Config
 from .observe import Finished, Observer
-from .observe.ledger import measured_costs
+from .observe.ledger_read import measured_costs
 from .scrub import Scrubber
 from .state import State
 from .walk.deadlines import Deadlines
