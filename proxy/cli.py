@@ -69,11 +69,18 @@ def describe(config: Config) -> str:
     return "\n".join(out)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace) -> Config | None:
+    """The config ``--config`` names, or None once its problems are on stderr."""
     try:
-        config = load_config(args.config)
+        return load_config(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
         return 1
     print(describe(config))
     return 0
@@ -82,10 +89,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .service import Service, run
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+    config = _load(args)
+    if config is None:
         return 1
 
     async def main() -> int:
@@ -146,7 +151,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    from .observe.ledger import format_summary, summarise
+    from .observe.ledger_read import format_summary, summarise
 
     since = _duration(args.since) if args.since else None
     import time

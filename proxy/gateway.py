@@ -21,7 +21,7 @@ import aiohttp
 
 from .config import KINDS, Config
 from .observe import Finished, Observer
-from .observe.ledger import measured_costs
+from .observe.ledger_read import measured_costs
 from .scrub import Scrubber
 from .sim.transport import SimTransport
 from .state import State

@@ -7,57 +7,9 @@ names are re-exported here: ``from proxy.config import Route`` is how the rest o
 
 from __future__ import annotations
 
+from . import model
 from .document import read_yaml
-from .model import (
-    AZURE_API_VERSION,
-    DEFAULT_STRATEGY,
-    KINDS,
-    SIGNALS,
-    STRATEGIES,
-    AccessLog,
-    Clients,
-    Config,
-    Connections,
-    Cooldown,
-    Fastest,
-    Hedge,
-    Ledger,
-    Price,
-    Provider,
-    Route,
-    ScoreWeights,
-    Simulate,
-    Target,
-    TargetKey,
-    Timeouts,
-    split_listen,
-)
+from .model import *  # noqa: F403 - the records are the package's face; model.__all__ names them
 from .reader import load_config, parse_config
 
-__all__ = [
-    "AZURE_API_VERSION",
-    "DEFAULT_STRATEGY",
-    "KINDS",
-    "SIGNALS",
-    "STRATEGIES",
-    "AccessLog",
-    "Clients",
-    "Config",
-    "Connections",
-    "Cooldown",
-    "Fastest",
-    "Hedge",
-    "Ledger",
-    "Price",
-    "Provider",
-    "Route",
-    "ScoreWeights",
-    "Simulate",
-    "Target",
-    "TargetKey",
-    "Timeouts",
-    "load_config",
-    "parse_config",
-    "read_yaml",
-    "split_listen",
-]
+__all__ = [*model.__all__, "load_config", "parse_config", "read_yaml"]

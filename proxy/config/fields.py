@@ -54,17 +54,8 @@ class Reader:
                 self.problem(f"{path}.{key_of(key)}", f"unknown key (expected one of: {', '.join(allowed)})")
         return value
 
-    def number(
-        self,
-        data: dict[str, Any],
-        key: str,
-        path: str,
-        default: float | None,
-        *,
-        low: float | None = None,
-        high: float | None = None,
-        integer: bool = False,
-    ) -> Any:
+    def number(self, data: dict[str, Any], key: str, path: str, default: float | None, *,
+               low: float | None = None, high: float | None = None, integer: bool = False) -> Any:
         value = data.get(key, default)
         if value is None:
             return None
@@ -81,14 +72,8 @@ class Reader:
             return self._refuse(f"{path}.{key}", f"must be at most {high}, got {show(value)}", default)
         return value
 
-    def string(
-        self,
-        data: dict[str, Any],
-        key: str,
-        path: str,
-        default: str | None,
-        choices: tuple[str, ...] | None = None,
-    ) -> Any:
+    def string(self, data: dict[str, Any], key: str, path: str, default: str | None,
+               choices: tuple[str, ...] | None = None) -> Any:
         value = data.get(key, default)
         if value is None:
             return None

@@ -9,6 +9,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+__all__ = [
+    "AZURE_API_VERSION",
+    "DEFAULT_STRATEGY",
+    "KINDS",
+    "SIGNALS",
+    "STRATEGIES",
+    "AccessLog",
+    "Clients",
+    "Config",
+    "Connections",
+    "Cooldown",
+    "Fastest",
+    "Hedge",
+    "Ledger",
+    "Price",
+    "Provider",
+    "Route",
+    "ScoreWeights",
+    "Simulate",
+    "Target",
+    "TargetKey",
+    "Timeouts",
+    "split_listen",
+]
+
 KINDS = ("openai", "anthropic", "simulated", "azure")
 STRATEGIES = ("ordered", "weighted", "fastest", "cheapest", "score")
 DEFAULT_STRATEGY = "ordered"  # a route that names none
@@ -201,10 +226,6 @@ class Config:
     shutdown_grace: float = 30.0
     connections: Connections = Connections()
     source: str = "<memory>"
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        return split_listen(self.listen)
 
     def target_keys(self) -> set[TargetKey]:
         return {t.key for route in self.routes.values() for t in route.targets}
