@@ -21,7 +21,6 @@ __all__ = [
     "OpenAIStreamError",
     "OpenAIStreamToAnthropic",
     "anthropic_to_openai_request",
-    "openai_error_to_anthropic",
     "openai_to_anthropic_response",
 ]
 
@@ -41,24 +40,6 @@ STOP_REASONS = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
-
-# HTTP status -> Anthropic error type, the set the anthropic SDK knows.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
 
 # --- request: Anthropic -> OpenAI -------------------------------------------------------------
 
@@ -383,34 +364,3 @@ class OpenAIStreamToAnthropic(ChatChunkFeed):
         )
         self.done = True
         return out + _event("message_stop", {})
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-def openai_error_to_anthropic(status: int, body: bytes) -> bytes:
-    """Answer ``/v1/messages`` errors in Anthropic's shape, typed by HTTP status (the SDK
-    picks its exception class from the status and shows the type). An error already in
-    Anthropic's shape, from an Anthropic target, passes through with its own type."""
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        data = {}
-    error = data.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        message = error["message"]
-        if data.get("type") == "error" and isinstance(error.get("type"), str):
-            kind = error["type"]
-        else:
-            kind = anthropic_error_type(status)
-    else:
-        text = body[:500].decode("utf-8", "replace").strip()
-        message = f"upstream answered {status}" + (f": {text}" if text else "")
-        kind = anthropic_error_type(status)
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
-
-
-def anthropic_error_type(status: int) -> str:
-    return ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
