@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import aiohttp
-import orjson
 from aiohttp import web
 
+from .providers.sse import data_frame
 from .server.replies import GATEWAY
 from .walk.walker import Lease
 
@@ -93,7 +93,7 @@ class Meter(Protocol):
 
 def _error_event(message: str, code: str) -> bytes:
     err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + orjson.dumps(err) + b"\n\n"
+    return data_frame(err)
 
 
 async def relay_stream(

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from ..errors import StreamError
-from .anthropic_wire import ChatChunkFeed, SseDecoder, TranslationError, parse_arguments, tool_call_of
+from .anthropic_wire import TranslationError, parse_arguments, tool_call_of
+from .sse import ChatChunkFeed, SseDecoder, event_frame
 from .tokens import token_count
+from .usage import usage_from_chat
 
 __all__ = [
     "OpenAIStreamError",
@@ -237,7 +237,7 @@ def anthropic_usage(usage: Json) -> Json:
 
 
 def _event(kind: str, payload: Json) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **payload}) + b"\n\n"
+    return event_frame(kind, {"type": kind, **payload})
 
 
 def error_event(message: str) -> bytes:
@@ -283,13 +283,7 @@ class OpenAIStreamToAnthropic(ChatChunkFeed):
         out = self._start(chunk.get("id"))
         if isinstance(chunk.get("usage"), dict):
             self._upstream_usage = chunk["usage"]
-            prompt = token_count(self._upstream_usage.get("prompt_tokens"))
-            completion = token_count(self._upstream_usage.get("completion_tokens"))
-            self.usage = {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            }
+            self.usage = usage_from_chat(self._upstream_usage)
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
