@@ -12,7 +12,6 @@ from proxy.providers.anthropic_reverse import (
     OpenAIStreamError,
     OpenAIStreamToAnthropic,
     anthropic_to_openai_request,
-    openai_error_to_anthropic,
     openai_to_anthropic_response,
 )
 from proxy.providers.anthropic_wire import TranslationError
@@ -573,40 +572,3 @@ def test_stream_error_payload_raises() -> None:
     with pytest.raises(OpenAIStreamError) as caught:
         translator.feed(sse([{"error": {"message": "boom", "type": "server_error"}}]))
     assert (caught.value.message, caught.value.type) == ("boom", "server_error")
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-def openai_error(message: str, kind: str = "invalid_request_error") -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
-
-
-@pytest.mark.parametrize(
-    ("status", "body", "want"),
-    [
-        pytest.param(400, openai_error("bad"), ("invalid_request_error", "bad"), id="400"),
-        pytest.param(401, openai_error("no key"), ("authentication_error", "no key"), id="401"),
-        pytest.param(403, openai_error("no"), ("permission_error", "no"), id="403"),
-        pytest.param(404, openai_error("what"), ("not_found_error", "what"), id="404"),
-        pytest.param(413, openai_error("big"), ("request_too_large", "big"), id="413"),
-        pytest.param(429, openai_error("slow", "rate_limit"), ("rate_limit_error", "slow"), id="429"),
-        pytest.param(500, openai_error("oops"), ("api_error", "oops"), id="500"),
-        pytest.param(503, openai_error("none"), ("overloaded_error", "none"), id="503"),
-        pytest.param(504, openai_error("late"), ("timeout_error", "late"), id="504"),
-        pytest.param(418, openai_error("tea"), ("invalid_request_error", "tea"), id="other-4xx"),
-        pytest.param(
-            529,
-            orjson.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "O"}}),
-            ("overloaded_error", "O"),
-            id="already-anthropic-shape-passes-through",
-        ),
-        pytest.param(502, b"Bad Gateway", ("api_error", "upstream answered 502: Bad Gateway"), id="non-json"),
-    ],
-)
-def test_openai_error_to_anthropic(status: int, body: bytes, want: tuple[str, str]) -> None:
-    kind, text = want
-    assert orjson.loads(openai_error_to_anthropic(status, body)) == {
-        "type": "error",
-        "error": {"type": kind, "message": text},
-    }

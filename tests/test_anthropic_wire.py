@@ -9,13 +9,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from proxy.providers.anthropic_wire import (
     AnthropicStreamError,
     AnthropicStreamToOpenAI,
-    SseDecoder,
     TranslationError,
     anthropic_error_to_openai,
     anthropic_to_openai_response,
     is_anthropic_context_overflow,
     openai_to_anthropic_request,
 )
+from proxy.providers.sse import SseDecoder
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 

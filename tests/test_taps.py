@@ -15,7 +15,8 @@ import pytest
 from proxy.bounds import MAX_EVENT_BYTES
 from proxy.errors import StreamTooLarge
 from proxy.providers.anthropic_reverse import OpenAIStreamToAnthropic
-from proxy.providers.anthropic_wire import AnthropicStreamToOpenAI, SseDecoder
+from proxy.providers.anthropic_wire import AnthropicStreamToOpenAI
+from proxy.providers.sse import SseDecoder
 from proxy.providers.taps import AnthropicUsageTap, OpenAIUsageTap
 from proxy.walk.classify import classify_exception
 

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from ..errors import StreamError
-from .anthropic_wire import ChatChunkFeed, SseDecoder, TranslationError, parse_arguments, tool_call_of
+from .anthropic_wire import TranslationError, parse_arguments, tool_call_of
+from .sse import ChatChunkFeed, SseDecoder, event_frame
 from .tokens import token_count
+from .usage import usage_from_chat
 
 __all__ = [
     "OpenAIStreamError",
     "OpenAIStreamToAnthropic",
     "anthropic_to_openai_request",
-    "openai_error_to_anthropic",
     "openai_to_anthropic_response",
 ]
 
@@ -41,24 +40,6 @@ STOP_REASONS = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
-
-# HTTP status -> Anthropic error type, the set the anthropic SDK knows.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
 
 # --- request: Anthropic -> OpenAI -------------------------------------------------------------
 
@@ -256,7 +237,7 @@ def anthropic_usage(usage: Json) -> Json:
 
 
 def _event(kind: str, payload: Json) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **payload}) + b"\n\n"
+    return event_frame(kind, {"type": kind, **payload})
 
 
 def error_event(message: str) -> bytes:
@@ -302,13 +283,7 @@ class OpenAIStreamToAnthropic(ChatChunkFeed):
         out = self._start(chunk.get("id"))
         if isinstance(chunk.get("usage"), dict):
             self._upstream_usage = chunk["usage"]
-            prompt = token_count(self._upstream_usage.get("prompt_tokens"))
-            completion = token_count(self._upstream_usage.get("completion_tokens"))
-            self.usage = {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            }
+            self.usage = usage_from_chat(self._upstream_usage)
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -383,34 +358,3 @@ class OpenAIStreamToAnthropic(ChatChunkFeed):
         )
         self.done = True
         return out + _event("message_stop", {})
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-def openai_error_to_anthropic(status: int, body: bytes) -> bytes:
-    """Answer ``/v1/messages`` errors in Anthropic's shape, typed by HTTP status (the SDK
-    picks its exception class from the status and shows the type). An error already in
-    Anthropic's shape, from an Anthropic target, passes through with its own type."""
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        data = {}
-    error = data.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        message = error["message"]
-        if data.get("type") == "error" and isinstance(error.get("type"), str):
-            kind = error["type"]
-        else:
-            kind = anthropic_error_type(status)
-    else:
-        text = body[:500].decode("utf-8", "replace").strip()
-        message = f"upstream answered {status}" + (f": {text}" if text else "")
-        kind = anthropic_error_type(status)
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
-
-
-def anthropic_error_type(status: int) -> str:
-    return ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")

@@ -13,23 +13,21 @@ from typing import Any
 
 import orjson
 
-from ..bounds import MAX_EVENT_BYTES
-from ..errors import FirstbyteError, StreamError, StreamTooLarge, error_body, error_type
-from ..memory import trim
+from ..errors import FirstbyteError, StreamError, error_body, error_type
 from .base import openai_error_event
-from .tokens import token_count
+from .sse import DONE, SseDecoder, data_frame
+from .tokens import says_context_overflow, token_count
+from .usage import usage_from_anthropic
 
 __all__ = [
     "AnthropicStreamError",
     "AnthropicStreamToOpenAI",
-    "SseDecoder",
     "TranslationError",
     "anthropic_error_to_openai",
     "anthropic_to_openai_response",
     "is_anthropic_context_overflow",
     "openai_to_anthropic_request",
     "parse_arguments",
-    "usage_from_anthropic",
 ]
 
 Json = dict[str, Any]
@@ -64,15 +62,6 @@ FINISH_REASONS = {
 }
 
 # What Anthropic says when the prompt does not fit the model's context window.
-_OVERFLOW_MARKERS = (
-    "prompt is too long",
-    "exceed context limit",
-    "context window",
-    "context length",
-    "too many tokens",
-)
-
-
 # --- request: OpenAI -> Anthropic -------------------------------------------------------------
 
 
@@ -297,125 +286,7 @@ def finish_reason(stop_reason: str | None) -> str:
     return FINISH_REASONS.get(stop_reason or "", "stop")
 
 
-def usage_from_anthropic(usage: Json) -> dict[str, int]:
-    """Anthropic counts cache reads and writes apart from ``input_tokens``; OpenAI's
-    ``prompt_tokens`` includes them, and so does the price of a call."""
-    if not isinstance(usage, dict):  # an upstream's JSON: anything may stand here
-        usage = {}
-    prompt = (
-        token_count(usage.get("input_tokens"))
-        + token_count(usage.get("cache_creation_input_tokens"))
-        + token_count(usage.get("cache_read_input_tokens"))
-    )
-    completion = token_count(usage.get("output_tokens"))
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
 # --- streams ----------------------------------------------------------------------------------
-
-
-class SseDecoder:
-    """Cut a server-sent-events byte stream into ``(event, data)`` pairs, whatever the read
-    boundaries (mid-line, mid-character, one byte at a time).
-
-    What is held has no newline, so a read is searched only for its own bytes and
-    lines are cut by position, the buffer trimmed once per read: an event that
-    arrives over many reads costs its length once. An event (its data lines and
-    the line in progress) past ``MAX_EVENT_BYTES`` raises :class:`StreamTooLarge`,
-    after the complete events of the same read have been handed back.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._event: str | None = None
-        self._data: list[bytes] = []
-        self._size = 0  # bytes in _data
-        self._over = False
-
-    def feed(self, data: bytes) -> list[tuple[str | None, bytes]]:
-        if self._over:
-            raise StreamTooLarge(MAX_EVENT_BYTES)
-        buffer = self._buffer
-        scan = len(buffer)
-        buffer += data
-        events: list[tuple[str | None, bytes]] = []
-        start = 0
-        while (end := buffer.find(b"\n", scan)) >= 0:
-            line = bytes(buffer[start:end])
-            start = scan = end + 1
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if not line:
-                if self._data:
-                    events.append((self._event, b"\n".join(self._data)))
-                self._event, self._data, self._size = None, [], 0
-                continue
-            field, _, value = line.partition(b":")
-            if value.startswith(b" "):
-                value = value[1:]
-            if field == b"data":
-                self._data.append(value)
-                self._size += len(value) + 1
-            elif field == b"event":
-                self._event = value.decode("utf-8", "replace")
-        if start:
-            del buffer[:start]
-        if len(buffer) + self._size > MAX_EVENT_BYTES:
-            self._buffer, self._data, self._size, self._over = bytearray(), [], 0, True
-            trim()  # see proxy/memory.py
-            if not events:
-                raise StreamTooLarge(MAX_EVENT_BYTES)
-        return events
-
-
-class ChatChunkFeed:
-    """``feed`` for translators that read an OpenAI chat stream (``anthropic_reverse``,
-    ``responses``): decode events, close on ``[DONE]``, hand each chunk to ``_on_chunk``; on a
-    broken chunk or an error payload raise ``stream_error`` with what was translated before it."""
-
-    stream_error: type[StreamError] = StreamError
-    malformed = "malformed chat stream chunk"
-    done: bool
-    _decoder: SseDecoder
-
-    def feed(self, data: bytes) -> bytes:
-        out = bytearray()
-        try:
-            for _, raw in self._decoder.feed(data):
-                if self.done:
-                    break
-                if raw.strip() == b"[DONE]":
-                    out += self._start() + self._end()
-                    continue
-                try:
-                    chunk = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise self.stream_error(f"{self.malformed}: {raw[:200]!r}", "invalid_stream") from exc
-                out += self._on_chunk(chunk)
-        except self.stream_error as exc:
-            exc.partial = bytes(out)
-            raise
-        return bytes(out)
-
-    def _start(self) -> bytes:
-        raise NotImplementedError
-
-    def _end(self) -> bytes:
-        raise NotImplementedError
-
-    def _on_chunk(self, chunk: Json) -> bytes:
-        raise NotImplementedError
-
-
-def sse_data(payload: Json) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"
 
 
 class AnthropicStreamToOpenAI:
@@ -515,7 +386,7 @@ class AnthropicStreamToOpenAI:
     def _on_stop(self) -> bytes:
         out = b"" if self._finished else self._chunk({}, "stop")
         if self.include_usage and self.usage is not None:
-            out += sse_data(
+            out += data_frame(
                 {
                     "id": self._id,
                     "object": "chat.completion.chunk",
@@ -535,7 +406,7 @@ class AnthropicStreamToOpenAI:
         self.usage = usage_from_anthropic(self._upstream_usage)
 
     def _chunk(self, delta: Json, finish: str | None = None) -> bytes:
-        return sse_data(
+        return data_frame(
             {
                 "id": self._id,
                 "object": "chat.completion.chunk",
@@ -567,8 +438,7 @@ def is_anthropic_context_overflow(status: int, body: bytes) -> bool:
     if status != 400:
         return False
     _, message = _error_fields(body)
-    text = (message or body[:2000].decode("utf-8", "replace")).lower()
-    return any(marker in text for marker in _OVERFLOW_MARKERS)
+    return says_context_overflow(message.encode() if message is not None else body[:2000])
 
 
 def anthropic_error_to_openai(status: int, body: bytes) -> bytes:

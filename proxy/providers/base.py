@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import orjson
-
 from ..config import Provider, Target
 from .first_token import FirstToken
+from .sse import data_frame
 
 PATHS = {
     "chat": "/chat/completions",
@@ -70,7 +69,7 @@ class StreamTranslator(Protocol):
 def openai_error_event(message: str) -> bytes:
     """The relay's closing error event in OpenAI's stream shape."""
     err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
-    return b"data: " + orjson.dumps(err) + b"\n\n"
+    return data_frame(err)
 
 
 class Adapter(Protocol):

@@ -18,15 +18,7 @@ from ..errors import normalise_upstream_error
 from .base import PATHS, Call, StreamTranslator, UpstreamRequest
 from .first_token import FirstToken, OpenAIFirstToken
 from .taps import OpenAIUsageTap
-
-_OVERFLOW_MARKERS = (
-    b"context_length_exceeded",
-    b"maximum context length",
-    b"context length",
-    b"context window",
-    b"too many tokens",
-    b"prompt is too long",
-)
+from .tokens import says_context_overflow
 
 
 def is_openai_error(body: bytes) -> bool:
@@ -35,11 +27,6 @@ def is_openai_error(body: bytes) -> bool:
     except orjson.JSONDecodeError:
         return False
     return isinstance(data, dict) and isinstance(data.get("error"), dict)
-
-
-def is_overflow_text(body: bytes) -> bool:
-    lowered = body[:4096].lower()
-    return any(marker in lowered for marker in _OVERFLOW_MARKERS)
 
 
 class OpenAIAdapter:
@@ -53,7 +40,7 @@ class OpenAIAdapter:
         return UpstreamRequest("POST", provider.base_url + PATHS[call.op], headers, orjson.dumps(body))
 
     def is_context_overflow(self, status: int, body: bytes) -> bool:
-        return status == 400 and is_overflow_text(body)
+        return status == 400 and says_context_overflow(body)
 
     def error_body(self, status: int, body: bytes) -> bytes:
         return normalise_upstream_error(status, body, f"upstream answered {status}")

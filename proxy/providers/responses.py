@@ -24,10 +24,10 @@ import random
 import time
 from typing import Any
 
-import orjson
-
 from ..errors import StreamError
-from .anthropic_wire import ChatChunkFeed, SseDecoder, TranslationError
+from .anthropic_wire import TranslationError
+from .sse import ChatChunkFeed, SseDecoder, event_frame
+from .usage import usage_from_chat
 
 __all__ = [
     "ChatStreamToResponses",
@@ -430,10 +430,7 @@ class ChatStreamToResponses(ChatChunkFeed):
         out = b""
         if isinstance(chunk.get("usage"), dict):
             self._chat_usage = chunk["usage"]
-            prompt = self._chat_usage.get("prompt_tokens") or 0
-            completion = self._chat_usage.get("completion_tokens") or 0
-            self.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
-                          "total_tokens": prompt + completion}
+            self.usage = usage_from_chat(self._chat_usage)
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue  # the Responses API has no n: the first choice is the answer
@@ -450,7 +447,7 @@ class ChatStreamToResponses(ChatChunkFeed):
     def _event(self, payload: Json) -> bytes:
         payload["sequence_number"] = self._seq
         self._seq += 1
-        return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+        return event_frame(payload["type"], payload)
 
     def _start(self) -> bytes:
         if self._envelope is not None:

@@ -25,7 +25,9 @@ from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 from .first_token import FirstToken, ResponsesFirstToken
 from .openai import OpenAIAdapter
 from .responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, responses_to_chat
+from .sse import event_frame
 from .taps import _Framer
+from .usage import usage_from_responses
 
 __all__ = ["PassthroughResponses", "ResponsesUsageTap", "TranslatedResponses"]
 
@@ -65,7 +67,7 @@ class ResponsesUsageTap:
         seq = int(found[-1]) + 1 if found else 0
         event = {"type": "error", "code": "stream_interrupted", "message": message, "param": None,
                  "sequence_number": seq}
-        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+        return event_frame("error", event)
 
     def _count(self, block: bytes) -> None:
         for line in block.split(b"\n"):
@@ -77,10 +79,7 @@ class ResponsesUsageTap:
                 continue
             usage = ((payload.get("response") or {}) if isinstance(payload, dict) else {}).get("usage")
             if isinstance(usage, dict):
-                prompt = usage.get("input_tokens") or 0
-                completion = usage.get("output_tokens") or 0
-                self.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
-                              "total_tokens": prompt + completion}
+                self.usage = usage_from_responses(usage)
 
 
 class PassthroughResponses(OpenAIAdapter):

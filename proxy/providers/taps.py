@@ -22,10 +22,11 @@ from ..errors import StreamTooLarge
 from ..memory import trim
 from .anthropic_reverse import OpenAIStreamError
 from .anthropic_reverse import error_event as anthropic_error_event
-from .anthropic_wire import AnthropicStreamError, usage_from_anthropic
+from .anthropic_wire import AnthropicStreamError
 from .base import openai_error_event
 from .first_token import error_of
 from .tokens import token_count
+from .usage import usage_from_anthropic, usage_from_chat
 
 __all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
 
@@ -202,10 +203,7 @@ class OpenAIUsageTap:
         usage = chunk.get("usage") if isinstance(chunk, dict) else None
         if not isinstance(usage, dict):
             return False
-        prompt = token_count(usage.get("prompt_tokens"))
-        completion = token_count(usage.get("completion_tokens"))
-        self.usage = {"prompt_tokens": prompt, "completion_tokens": completion,
-                      "total_tokens": prompt + completion}
+        self.usage = usage_from_chat(usage)
         return not self.keep and not chunk.get("choices")
 
 

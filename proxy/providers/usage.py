@@ -16,10 +16,10 @@ import orjson
 
 from ..config import Price
 from ..routing.decision import Decision
-from .anthropic_wire import usage_from_anthropic
 from .tokens import token_count
 
-__all__ = ["cost_of", "priced", "usage_of_body"]
+__all__ = ["cost_of", "counted", "priced", "usage_from_anthropic", "usage_from_chat", "usage_from_responses",
+           "usage_of_body"]
 
 Usage = dict[str, int]
 
@@ -43,12 +43,36 @@ def usage_of_body(op: str, body: bytes) -> Usage | None:
         return None
     if op == "messages":
         return usage_from_anthropic(usage)
-    if op == "responses":  # the Responses API counts input and output tokens
-        prompt, completion = token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    prompt = token_count(usage.get("prompt_tokens"))
-    completion = token_count(usage.get("completion_tokens"))
+    if op == "responses":
+        return usage_from_responses(usage)
+    return usage_from_chat(usage)
+
+
+def counted(prompt: int, completion: int) -> Usage:
+    """The one usage record the observers, the ledger and the price read, whatever the answer's shape."""
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def usage_from_chat(usage: dict[str, Any]) -> Usage:
+    return counted(token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")))
+
+
+def usage_from_responses(usage: dict[str, Any]) -> Usage:
+    """The Responses API counts input and output tokens (cached ones inside input)."""
+    return counted(token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens")))
+
+
+def usage_from_anthropic(usage: Any) -> Usage:
+    """Anthropic counts cache reads and writes apart from ``input_tokens``; OpenAI's
+    ``prompt_tokens`` includes them, and so does the price of a call."""
+    if not isinstance(usage, dict):  # an upstream's JSON: anything may stand here
+        usage = {}
+    prompt = (
+        token_count(usage.get("input_tokens"))
+        + token_count(usage.get("cache_creation_input_tokens"))
+        + token_count(usage.get("cache_read_input_tokens"))
+    )
+    return counted(prompt, token_count(usage.get("output_tokens")))
 
 
 def _last_usage_object(body: bytes) -> object:

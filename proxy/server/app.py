@@ -1,8 +1,9 @@
 """The HTTP face: the routed handlers, client keys, and the app that ties the endpoints together.
 
 A routed request goes parse -> plan() -> walk() -> relay, then the finished
-exchange goes to the observers. Every error a client sees has the OpenAI shape;
-every routed response carries ``x-route-decision``.
+exchange goes to the observers. Every error is built in the OpenAI shape and
+answered in the endpoint's dialect (``dialect.py``); every routed response carries
+``x-route-decision``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from ..errors import ClientError, error_body
 from ..gateway import Gateway
 from ..observe import Finished
 from ..observe.hub import Hub
-from ..providers.anthropic_reverse import openai_error_to_anthropic
 from ..providers.usage import priced, usage_of_body
 from ..relay import forward_headers, relay_stream
 from ..routing.decision import HEADER, Decision, header_with
@@ -30,6 +30,7 @@ from ..state.tracker import BUFFERED, STREAMED
 from ..walk.race import walk_route
 from ..walk.result import Answered, Committed, Exhausted, Rejected
 from .counting import count_tokens
+from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshaped
 from .ops import add_ops_routes, explain, health, model, models
 from .replies import GATEWAY, JSON, error_response, request_id
 from .request import check_model, estimate_tokens, parse_call, read_body
@@ -162,37 +163,25 @@ def _nothing_eligible(ex: Exchange, decision: Decision, unservable: str | None) 
     return error_response(status, body, decision)
 
 
-def messages(gw: Gateway) -> Handler:
-    """Anthropic's Messages API for clients that speak it: routed like any request, and every
-    error it answers (firstbyte's own 400/404/503 included) in Anthropic's error shape."""
-
-    async def handle_messages(request: web.Request) -> web.StreamResponse:
-        response = await routed(gw, request, "messages")
-        if response.status >= 400 and isinstance(response, web.Response) and isinstance(response.body, bytes):
-            response.body = openai_error_to_anthropic(response.status, response.body)
-        return response
-
-    return handle_messages
-
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def guarded(gw: Gateway, inner: Handler, *, anthropic: bool = False, logs: bool = False) -> Handler:
-    """An endpoint under /v1: client keys first, and whatever escapes it in the OpenAI shape.
+def guarded(gw: Gateway, inner: Handler, *, dialect: Dialect | None = OPENAI, logs: bool = False) -> Handler:
+    """An endpoint under /v1: client keys first, and every error it answers in its ``dialect``
+    (``None``: the request's, for the catch-all), whatever raised or built it.
 
     This wraps each handler instead of being aiohttp middleware: two middlewares
     cost about 2.5 % of a relayed call (callgrind), for checks that need no
-    chain. ``anthropic`` answers a refused key in Anthropic's error shape.
-    A refused key is logged here; ``logs`` logs every answer of an endpoint that
-    is not routed (routed ones log their own, with the decision).
+    chain. A refused key is logged here; ``logs`` logs every answer of an
+    endpoint that is not routed (routed ones log their own, with the decision).
     """
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        speaks = dialect_of(request) if dialect is None else dialect
         keys = gw.config.clients.keys
         if keys and not _key_accepted(request, keys):
             t0 = gw.clock()
-            refused = _key_refused(anthropic, request_id(request))
+            refused = _key_refused(speaks, request_id(request))
             log_answer(gw, request, refused, t0)
             return refused
         t0 = gw.clock() if logs else 0.0
@@ -208,6 +197,7 @@ def guarded(gw: Gateway, inner: Handler, *, anthropic: bool = False, logs: bool 
                               "server_error", code="internal_error")
             response = web.Response(body=body, status=500, content_type=JSON,
                                     headers={"x-request-id": request_id(request)})
+        response = reshaped(speaks, response)
         if logs:
             log_answer(gw, request, response, t0)
         return response
@@ -269,15 +259,15 @@ def _key_accepted(request: web.Request, keys: Iterable[str]) -> bool:
     return ok
 
 
-def _key_refused(anthropic: bool, rid: str) -> web.Response:
-    body = error_body(
+def _key_refused(dialect: Dialect, rid: str) -> web.Response:
+    body = error_bytes(
+        dialect,
+        401,
         "Missing or unknown client key: send 'Authorization: Bearer <key>' "
         "with a key this gateway was given.",
         "authentication_error",
         code="invalid_api_key",
     )
-    if anthropic:
-        body = openai_error_to_anthropic(401, body)
     return error_response(401, body, request_id=rid)
 
 
@@ -292,8 +282,7 @@ _UNSERVED = {
 
 
 def _refusal(request: web.Request, status: int, reason: str, allow: str | None = None) -> web.Response:
-    """404/405 in the dialect of the endpoint family: Anthropic's shape under /v1/messages (and
-    for a client that sends anthropic-version), else OpenAI's."""
+    """404/405 in the dialect of the endpoint family (``dialect_of``)."""
     path = request.path
     family = path[4:].split("/", 1)[0] if path.startswith("/v1/") else ""
     code = f"http_{status}"
@@ -304,9 +293,7 @@ def _refusal(request: web.Request, status: int, reason: str, allow: str | None =
         code = "unsupported_endpoint"
     elif status == 404:
         message += f" is not an endpoint of this gateway (it serves {SERVED})."
-    body = error_body(message, "invalid_request_error", code=code)
-    if family == "messages" or "anthropic-version" in request.headers:
-        body = openai_error_to_anthropic(status, body)
+    body = error_bytes(dialect_of(request), status, message, "invalid_request_error", code=code)
     headers = {"x-request-id": request_id(request)}
     if allow:
         headers["Allow"] = allow
@@ -324,7 +311,7 @@ def no_endpoint(gw: Gateway, known: dict[str, set[str]]) -> Handler:
             return _refusal(request, 404, "Not Found")
         return _refusal(request, 405, "Method Not Allowed", ",".join(sorted(methods)))
 
-    guarded_refuse = guarded(gw, refuse, logs=True)
+    guarded_refuse = guarded(gw, refuse, dialect=None, logs=True)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/v1/"):
@@ -346,15 +333,15 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
         ("POST", "/v1/chat/completions", handler(gw, "chat")),
         ("POST", "/v1/completions", handler(gw, "completions")),
         ("POST", "/v1/embeddings", handler(gw, "embeddings")),
-        ("POST", "/v1/messages", messages(gw)),
+        ("POST", "/v1/messages", handler(gw, "messages")),
         ("POST", "/v1/responses", handler(gw, "responses")),
         ("GET", "/v1/models", models),
         ("GET", "/v1/health", health),
     ]
     for method, path, inner in endpoints:
-        app.router.add_route(method, path, guarded(gw, inner, anthropic=path == "/v1/messages",
+        app.router.add_route(method, path, guarded(gw, inner, dialect=ANTHROPIC if path == "/v1/messages" else OPENAI,
                                                    logs=method == "GET"))
-    app.router.add_post("/v1/messages/count_tokens", guarded(gw, count_tokens(gw), anthropic=True, logs=True))
+    app.router.add_post("/v1/messages/count_tokens", guarded(gw, count_tokens(gw), dialect=ANTHROPIC, logs=True))
     app.router.add_get("/v1/models/{model:.+}", guarded(gw, model, logs=True))
     app.router.add_get("/v1/routes/{route}/explain", guarded(gw, explain, logs=True))
     known: dict[str, set[str]] = {}

@@ -25,9 +25,9 @@ from aiohttp import web
 from ..config import Provider, Target
 from ..errors import ClientError
 from ..gateway import Gateway
-from ..providers.anthropic_reverse import openai_error_to_anthropic
 from ..routing.plan import Ask, plan
 from ..walk.classify import classify_status
+from .dialect import ANTHROPIC, in_dialect
 from .replies import JSON, request_id
 from .request import CHARS_PER_TOKEN, parse_call, read_body
 
@@ -66,7 +66,7 @@ def count_tokens(gw: Gateway) -> Any:
             planned = plan(config, Ask(rid, model, request.headers.get("x-route-provider"), op="messages"),
                            gw.state, gw.clock(), gw.rng(model), explore=False)
         except ClientError as exc:
-            return _reply(exc.status, openai_error_to_anthropic(exc.status, exc.body()), rid)
+            return _reply(exc.status, in_dialect(ANTHROPIC, exc.status, exc.body()), rid)
         reasons = []
         for target in planned.targets:
             provider = config.providers[target.provider]

@@ -42,7 +42,7 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from ..config import Connections
-from ..errors import error_body
+from .dialect import OPENAI, error_bytes
 from .request import BodyTimeout
 
 __all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
@@ -154,7 +154,9 @@ class Guard:
 
 
 def _refusal(status: int, message: str, code: str) -> bytes:
-    return error_body(message, "invalid_request_error" if status < 500 else "service_unavailable", code=code)
+    """The listener answers before a handler knows the endpoint: in the OpenAI shape (``dialect.py``)."""
+    return error_bytes(OPENAI, status, message, "invalid_request_error" if status < 500 else "service_unavailable",
+                       code=code)
 
 
 async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
@@ -250,11 +252,11 @@ class GuardedHandler(RequestHandler):
             raise ConnectionError("the response has begun; the error cannot be sent")
         if status >= 500:
             text = "firstbyte failed to handle this request; the error is in its log."
-            body = error_body(text, "server_error", code="internal_error")
+            body = error_bytes(OPENAI, status, text, "server_error", code="internal_error")
         else:
             first = (str(message or exc or "").strip().splitlines() or ["malformed request"])[0]
             text = f"Malformed HTTP request: {first[:200]}"
-            body = error_body(text, "invalid_request_error", code=f"http_{status}")
+            body = error_bytes(OPENAI, status, text, "invalid_request_error", code=f"http_{status}")
         response = web.Response(body=body, status=status, content_type=JSON)
         response.force_close()
         return response

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..config import Simulate
+from ..providers.sse import data_frame
 from .script import Script, needs_script, script_for
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -168,7 +169,7 @@ def _chunk(op: str, model: str, created: int, text: str | None, finish: str | No
             delta["content"] = text
         data = {"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": created,
                 "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    return b"data: " + orjson.dumps(data) + b"\n\n"
+    return data_frame(data)
 
 
 async def _stream(op: str, model: str, words: list[str], delay: float, pace: float,
@@ -186,7 +187,7 @@ async def _stream(op: str, model: str, words: list[str], delay: float, pace: flo
         obj = "chat.completion.chunk" if op != "completions" else "text_completion"
         data = {"id": "chatcmpl-sim", "object": obj, "created": created, "model": model,
                 "choices": [], "usage": _usage(prompt, len(words))}
-        yield b"data: " + orjson.dumps(data) + b"\n\n"
+        yield data_frame(data)
     yield SSE_DONE
 
 
@@ -237,7 +238,7 @@ def _script_chunk(op: str, model: str, created: int, index: int, delta: dict[str
     else:
         data = {"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
-    return b"data: " + orjson.dumps(data) + b"\n\n"
+    return data_frame(data)
 
 
 async def _script_stream(op: str, model: str, script: Script, delay: float, pace: float,
@@ -272,5 +273,5 @@ async def _script_stream(op: str, model: str, script: Script, delay: float, pace
         obj = "chat.completion.chunk" if op != "completions" else "text_completion"
         data = {"id": "chatcmpl-sim", "object": obj, "created": created, "model": model,
                 "choices": [], "usage": _usage(prompt, script.tokens)}
-        yield b"data: " + orjson.dumps(data) + b"\n\n"
+        yield data_frame(data)
     yield SSE_DONE
