@@ -188,8 +188,8 @@ class Walker:
         task = asyncio.current_task()
         assert task is not None
         waiting = _Waiting(task, started, provider.timeouts.first_chunk)
-        deadlines = self.deadlines
-        deadlines.watch(waiting)
+        watched = self.deadlines.calls  # Deadlines.watch and forget, without two calls per attempt
+        watched.add(waiting)
         ended: Outcome | Lease | None
         try:
             try:
@@ -218,7 +218,7 @@ class Walker:
                         raise TimeoutError("no first chunk before the deadline") from None
                     raise
                 finally:
-                    deadlines.forget(waiting)
+                    watched.discard(waiting)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -279,7 +279,7 @@ class Walker:
         t = aim.provider.timeouts
         lease = Lease(target, upstream, first, aim.adapter.stream_translator(call, target), slot, started,
                       t.idle, t.total, self.clock, self.deadlines, self.background, aim.route.cooldown)
-        self.deadlines.watch(lease)
+        self.deadlines.calls.add(lease)  # Deadlines.watch, one call fewer per stream
         trail.answered(attempt, status, upstream.headers, lease=lease)
         return lease
 
