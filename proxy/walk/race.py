@@ -167,7 +167,8 @@ class Race:
                 winner.trail.lease = None
             raise
         finally:
-            self._disarm()
+            if self.timer is not None:
+                self._disarm()
             for racer in self.racers:
                 task = racer.task
                 if task is not None and not task.done() and not (racer.measuring and self._won()):
@@ -199,7 +200,8 @@ class Race:
             return False
         finally:
             self.leader = None
-            self._disarm()
+            if self.timer is not None:  # most leaders arm none: no call to disarm it
+                self._disarm()
         if not over:
             self.last = self.inline
         return over

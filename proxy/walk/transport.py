@@ -166,7 +166,7 @@ class HttpTransport:
             req.url,
             data=req.body,
             headers=req.headers,
-            timeout=self.timeout(provider),
+            timeout=self._timeouts.get(provider.timeouts.connect) or self.timeout(provider),  # a call per send saved
             allow_redirects=False,
         )
         return HttpUpstream(resp, self.scrubber)

@@ -68,7 +68,11 @@ class _Waiting(Countdown):
     __slots__ = ("expired", "task")
 
     def __init__(self, task: asyncio.Task[object], started: float, limit: float) -> None:
-        Countdown.__init__(self, started, limit)  # not super(): built per attempt
+        # Countdown's fields set here, not by calling its __init__: this is built per attempt.
+        self.started = started
+        self.total = limit
+        self.idle = limit
+        self.waiting_since: float | None = None
         self.task = task
         self.expired = False
 
@@ -172,23 +176,53 @@ class Walker:
 
     async def _attempt(self, trail: Trail, aim: _Aim) -> Outcome | None:
         """One try: admit, send, settle. None when the walk is over (commit or client error),
-        else the failure. The slot goes back here, unless a lease took it."""
+        else the failure. The slot goes back here, unless a lease took it.
+
+        The send step runs inline, not in a coroutine of its own: every resume of the request's
+        task passes through each frame of its await chain, and one more measured (callgrind)."""
         started = self.clock()
         slot = self._admit(trail, aim, started)
         if slot is None:
             return SKIPPED
+        provider, call = aim.provider, aim.call
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = _Waiting(task, started, provider.timeouts.first_chunk)
+        watched = self.deadlines.calls  # Deadlines.watch and forget, without two calls per attempt
+        watched.add(waiting)
         ended: Outcome | Lease | None
         try:
             try:
-                first, failure = await self._send(slot, aim, started)
+                try:
+                    if slot.limiter is not None:
+                        await slot.queue()
+                    slot.count()
+                    upstream = slot.upstream = await aim.transport.send(provider, aim.request)
+                    if not 200 <= upstream.status < 300:
+                        first, failure = await upstream.read(MAX_ERROR_BODY), None
+                    elif call.stream:
+                        gate = aim.adapter.first_token(call)
+                        first = await upstream.chunk()  # most often it holds the first token
+                        if not (gate.feed(first) if first else gate.end()):
+                            await _first_token(upstream, gate)
+                        first, failure = gate.held, gate.failure
+                    else:
+                        first = await upstream.chunk()
+                        if not upstream.at_eof():
+                            # The rest of a buffered body; its deadline is the provider's total.
+                            waiting.total = provider.timeouts.total
+                            first += await upstream.read(MAX_BUFFERED_BODY)
+                        failure = error_in_body(first)
+                except asyncio.CancelledError:
+                    if waiting.timed_out():
+                        raise TimeoutError("no first chunk before the deadline") from None
+                    raise
+                finally:
+                    watched.discard(waiting)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # Timing out while queued for our own limit is busy, not the provider's fault.
-                outcome = BUSY if slot.queued() and isinstance(exc, TimeoutError) else classify_exception(exc)
-                self._failed(trail, aim, slot.ts, outcome, started)
-                slot.heard = outcome.counts
-                ended = outcome
+                ended = self._raised(trail, aim, slot, exc, started)
             else:
                 ended = self._settle(trail, aim, slot, first, failure, started)
         except BaseException:
@@ -209,41 +243,13 @@ class Walker:
             return None
         return Slot(ts, self.state.limiter(aim.provider.name), admitted == PROBE, not aim.call.stream)
 
-    async def _send(self, slot: Slot, aim: _Aim, started: float) -> tuple[bytes, UpstreamError | Ended | None]:
-        """Take the slot, send, and read up to the commit point under the first-chunk deadline:
-        an error body, a stream's events up to its first token, or a buffered body whole. Returns
-        what was read and, for a 2xx, the failure it held before its first token."""
-        provider, call = aim.provider, aim.call
-        task = asyncio.current_task()
-        assert task is not None
-        waiting = _Waiting(task, started, provider.timeouts.first_chunk)
-        deadlines = self.deadlines
-        deadlines.watch(waiting)
-        try:
-            if slot.limiter is not None:
-                await slot.queue()
-            slot.count()
-            upstream = slot.upstream = await aim.transport.send(provider, aim.request)
-            if not 200 <= upstream.status < 300:
-                return await upstream.read(MAX_ERROR_BODY), None
-            if call.stream:
-                gate = aim.adapter.first_token(call)
-                first = await upstream.chunk()  # most often it holds the first token
-                if not (gate.feed(first) if first else gate.end()):
-                    await _first_token(upstream, gate)
-                return gate.held, gate.failure
-            first = await upstream.chunk()
-            if not upstream.at_eof():
-                # The rest of a buffered body; its deadline is the provider's total.
-                waiting.total = provider.timeouts.total
-                first += await upstream.read(MAX_BUFFERED_BODY)
-            return first, error_in_body(first)
-        except asyncio.CancelledError:
-            if waiting.timed_out():
-                raise TimeoutError("no first chunk before the deadline") from None
-            raise
-        finally:
-            deadlines.forget(waiting)
+    def _raised(self, trail: Trail, aim: _Aim, slot: Slot, exc: Exception, started: float) -> Outcome:
+        """The send step raised. Timing out while queued for our own limit is busy, not the
+        provider's fault."""
+        outcome = BUSY if slot.queued() and isinstance(exc, TimeoutError) else classify_exception(exc)
+        self._failed(trail, aim, slot.ts, outcome, started)
+        slot.heard = outcome.counts
+        return outcome
 
     def _settle(self, trail: Trail, aim: _Aim, slot: Slot, first: bytes,
                 failure: UpstreamError | Ended | None, started: float) -> Outcome | Lease | None:
@@ -273,7 +279,7 @@ class Walker:
         t = aim.provider.timeouts
         lease = Lease(target, upstream, first, aim.adapter.stream_translator(call, target), slot, started,
                       t.idle, t.total, self.clock, self.deadlines, self.background, aim.route.cooldown)
-        self.deadlines.watch(lease)
+        self.deadlines.calls.add(lease)  # Deadlines.watch, one call fewer per stream
         trail.answered(attempt, status, upstream.headers, lease=lease)
         return lease
 
