@@ -18,7 +18,7 @@ from proxy.observe.accesslog import AccessLog
 
 from .anthropic_fakes import anthropic_error, anthropic_provider
 from .conftest import decision_of, ok_handler, openai_provider, route_config
-from .test_accesslog import parse_text
+from .observe.test_accesslog import parse_text
 
 SIM = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 3}}
 

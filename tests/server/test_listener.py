@@ -16,7 +16,7 @@ from proxy.observe.hub import Hub
 from proxy.server.listener import LINGER, Guard, GuardedRunner
 from proxy.server.ops import build_ops_app
 
-from .conftest import make_config, ok_handler, openai_provider, route_config
+from ..conftest import make_config, ok_handler, openai_provider, route_config
 from .test_request import assert_openai_error, exchange, post_head
 
 CHAT = orjson.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})

@@ -15,8 +15,8 @@ from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe.accesslog import AccessLog
 from proxy.observe.ledger import Ledger
 
-from .anthropic_fakes import anthropic_provider, message_body
-from .conftest import chat_body, decision_of, ok_handler, openai_provider, route_config
+from ..anthropic_fakes import anthropic_provider, message_body
+from ..conftest import chat_body, decision_of, ok_handler, openai_provider, route_config
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 

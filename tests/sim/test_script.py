@@ -12,7 +12,7 @@ import pytest
 
 from proxy.sim.script import example_of, needs_script, script_for
 
-from .conftest import route_config
+from ..conftest import route_config
 
 WORDS = [f"tok{i} " for i in range(6)]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from proxy.walk.deadlines import Deadlines, sweep
 
-from .conftest import chunk_event, openai_provider, route_config
+from ..conftest import chunk_event, openai_provider, route_config
 
 
 @dataclass(eq=False)

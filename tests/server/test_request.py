@@ -12,7 +12,7 @@ import pytest
 
 from proxy.routing.decision import parse_header
 
-from .conftest import ok_handler, openai_provider, route_config
+from ..conftest import ok_handler, openai_provider, route_config
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from .conftest import (
+from ..conftest import (
     chat_body,
     chunk_event,
     decision_of,

@@ -17,7 +17,7 @@ from proxy.routing.ordering import order_targets
 from proxy.routing.score import cost_basis, lead_signal, relative, score_targets
 from proxy.state import State
 
-from .conftest import decision_of, openai_provider, route_config
+from ..conftest import decision_of, openai_provider, route_config
 
 
 class Snapshot:
@@ -182,7 +182,7 @@ async def test_refresher_follows_the_ledger_the_running_config_names(tmp_path):
 
 
 async def test_header_and_explain_show_the_score(upstreams, proxy):
-    from .conftest import ok_handler
+    from ..conftest import ok_handler
 
     a = await upstreams({"/v1/chat/completions": ok_handler("a")})
     b = await upstreams({"/v1/chat/completions": ok_handler("b")})

@@ -14,7 +14,7 @@ import pytest
 
 from proxy.server.dialect import to_anthropic as openai_error_to_anthropic
 
-from .conftest import route_config
+from ..conftest import route_config
 
 SIM = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 3}}
 ASK = {"model": "chat", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
