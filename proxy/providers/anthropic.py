@@ -33,6 +33,19 @@ from .taps import AnthropicUsageTap
 __all__ = ["AnthropicAdapter"]
 
 
+def anthropic_headers(provider: Provider, beta: str | None) -> dict[str, str]:
+    """What every call to Anthropic carries: its version, the provider's headers and key, and the
+    opt-in features the client asked Anthropic for (``anthropic-beta``: prompt caching, tools…)."""
+    headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
+    if provider.headers:
+        headers.update(provider.headers)
+    if provider.api_key:
+        headers["x-api-key"] = provider.api_key
+    if beta:
+        headers["anthropic-beta"] = beta
+    return headers
+
+
 class AnthropicAdapter:
     def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
         if call.op == "messages":
@@ -44,13 +57,7 @@ class AnthropicAdapter:
             raise TranslationError(
                 f"Anthropic targets serve chat completions and messages, not {call.op}"
             )
-        headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
-        if provider.headers:
-            headers.update(provider.headers)
-        if provider.api_key:
-            headers["x-api-key"] = provider.api_key
-        if call.beta:  # opt-in features the client asked Anthropic for (prompt caching, tools…)
-            headers["anthropic-beta"] = call.beta
+        headers = anthropic_headers(provider, call.beta)
         return UpstreamRequest("POST", provider.base_url + "/messages", headers, orjson.dumps(body))
 
     def is_context_overflow(self, status: int, body: bytes) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import StreamError
-from .anthropic_wire import TranslationError, parse_arguments, tool_call_of
+from .anthropic_wire import TranslationError, tool_call_of, tool_use_of
 from .sse import ChatChunkFeed, SseDecoder, event_frame
 from .tokens import token_count
 from .usage import usage_from_chat
@@ -193,16 +193,7 @@ def openai_to_anthropic_response(body: Json, model: str) -> Json:
     content: list[Json] = []
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        content.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id"),
-                "name": function.get("name"),
-                "input": parse_arguments(function.get("arguments")),
-            }
-        )
+    content.extend(tool_use_of(call) for call in message.get("tool_calls") or [])
     return {
         "id": body.get("id"),
         "type": "message",

@@ -42,6 +42,13 @@ def tool_call_of(block: Json) -> Json:
     }
 
 
+def tool_use_of(call: Json) -> Json:
+    """An OpenAI tool call as an Anthropic ``tool_use`` block (its arguments parsed)."""
+    function = call.get("function") or {}
+    return {"type": "tool_use", "id": call.get("id"), "name": function.get("name"),
+            "input": parse_arguments(function.get("arguments"))}
+
+
 class TranslationError(FirstbyteError):
     """A request that has no faithful equivalent in the other API (answer it as a 400)."""
 
@@ -184,16 +191,7 @@ def _assistant_content(message: Json, i: int) -> str | list[Json]:
     if not calls:
         return text
     blocks: list[Json] = [{"type": "text", "text": text}] if text else []
-    for call in calls:
-        function = call.get("function") or {}
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id"),
-                "name": function.get("name"),
-                "input": parse_arguments(function.get("arguments")),
-            }
-        )
+    blocks.extend(tool_use_of(call) for call in calls)
     return blocks
 
 
