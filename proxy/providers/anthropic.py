@@ -1,7 +1,7 @@
 """``kind: anthropic``: Anthropic's Messages API as a target of any route.
 
 Chat completions are translated to the Messages API on the way up and back to
-the OpenAI shape on the way down (``anthropic_wire``); ``/v1/messages`` calls
+the OpenAI shape on the way down (``chat_to_anthropic``, ``anthropic_to_chat``); ``/v1/messages`` calls
 go up as they are, with only the model swapped. The key travels in
 ``x-api-key`` with ``anthropic-version``. Anthropic's 529 (overloaded) is a 5xx
 and so failover-safe under the one rule in ``classify.py``; its "prompt is too
@@ -18,17 +18,16 @@ import time
 import orjson
 
 from ..config import Provider, Target
-from .anthropic_wire import (
+from .anthropic_to_chat import (
     AnthropicStreamToOpenAI,
-    TranslationError,
     anthropic_error_to_openai,
     anthropic_to_openai_response,
     is_anthropic_context_overflow,
-    openai_to_anthropic_request,
 )
 from .base import Call, StreamTranslator, UpstreamRequest
+from .chat_to_anthropic import TranslationError, openai_to_anthropic_request
 from .first_token import AnthropicFirstToken, FirstToken
-from .taps import AnthropicUsageTap
+from .usage_taps import AnthropicUsageTap
 
 __all__ = ["AnthropicAdapter"]
 
