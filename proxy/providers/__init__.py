@@ -5,9 +5,9 @@ from __future__ import annotations
 from .anthropic import AnthropicAdapter
 from .azure import AzureAdapter
 from .base import Adapter, Call, UpstreamRequest
-from .messages import ReverseMessages
+from .messages_via_chat import ReverseMessages
 from .openai import OpenAIAdapter
-from .responses_adapter import PassthroughResponses, TranslatedResponses
+from .responses_via_chat import PassthroughResponses, TranslatedResponses
 from .simulated import SimulatedAdapter
 
 ADAPTERS: dict[str, Adapter] = {

@@ -1,7 +1,7 @@
 """``kind: anthropic``: Anthropic's Messages API as a target of any route.
 
 Chat completions are translated to the Messages API on the way up and back to
-the OpenAI shape on the way down (``anthropic_wire``); ``/v1/messages`` calls
+the OpenAI shape on the way down (``chat_to_anthropic``, ``anthropic_to_chat``); ``/v1/messages`` calls
 go up as they are, with only the model swapped. The key travels in
 ``x-api-key`` with ``anthropic-version``. Anthropic's 529 (overloaded) is a 5xx
 and so failover-safe under the one rule in ``classify.py``; its "prompt is too
@@ -18,19 +18,31 @@ import time
 import orjson
 
 from ..config import Provider, Target
-from .anthropic_wire import (
+from .anthropic_to_chat import (
     AnthropicStreamToOpenAI,
-    TranslationError,
     anthropic_error_to_openai,
     anthropic_to_openai_response,
     is_anthropic_context_overflow,
-    openai_to_anthropic_request,
 )
 from .base import Call, StreamTranslator, UpstreamRequest
+from .chat_to_anthropic import TranslationError, openai_to_anthropic_request
 from .first_token import AnthropicFirstToken, FirstToken
-from .taps import AnthropicUsageTap
+from .usage_taps import AnthropicUsageTap
 
 __all__ = ["AnthropicAdapter"]
+
+
+def anthropic_headers(provider: Provider, beta: str | None) -> dict[str, str]:
+    """What every call to Anthropic carries: its version, the provider's headers and key, and the
+    opt-in features the client asked Anthropic for (``anthropic-beta``: prompt caching, tools…)."""
+    headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
+    if provider.headers:
+        headers.update(provider.headers)
+    if provider.api_key:
+        headers["x-api-key"] = provider.api_key
+    if beta:
+        headers["anthropic-beta"] = beta
+    return headers
 
 
 class AnthropicAdapter:
@@ -44,13 +56,7 @@ class AnthropicAdapter:
             raise TranslationError(
                 f"Anthropic targets serve chat completions and messages, not {call.op}"
             )
-        headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
-        if provider.headers:
-            headers.update(provider.headers)
-        if provider.api_key:
-            headers["x-api-key"] = provider.api_key
-        if call.beta:  # opt-in features the client asked Anthropic for (prompt caching, tools…)
-            headers["anthropic-beta"] = call.beta
+        headers = anthropic_headers(provider, call.beta)
         return UpstreamRequest("POST", provider.base_url + "/messages", headers, orjson.dumps(body))
 
     def is_context_overflow(self, status: int, body: bytes) -> bool:

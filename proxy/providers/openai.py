@@ -17,8 +17,8 @@ from ..config import Provider, Target
 from ..errors import normalise_upstream_error
 from .base import PATHS, Call, StreamTranslator, UpstreamRequest
 from .first_token import FirstToken, OpenAIFirstToken
-from .taps import OpenAIUsageTap
 from .tokens import says_context_overflow
+from .usage_taps import OpenAIUsageTap
 
 
 def is_openai_error(body: bytes) -> bool:

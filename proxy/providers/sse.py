@@ -4,7 +4,7 @@ Frames are written here (``data_frame`` for OpenAI's ``data:``-only events,
 ``event_frame`` for Anthropic's and the Responses API's named ones), and read
 here (``SseDecoder``, and ``ChatChunkFeed`` for translators that read an OpenAI
 chat stream). An OpenAI stream relayed to an OpenAI client never comes through
-this module: it passes as bytes (``taps.py`` only peeks at its usage).
+this module: it passes as bytes (``usage_taps.py`` only peeks at its usage).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class SseDecoder:
 
 
 class ChatChunkFeed:
-    """``feed`` for translators that read an OpenAI chat stream (``anthropic_reverse``,
-    ``responses``): decode events, close on ``[DONE]``, hand each chunk to ``_on_chunk``; on a
+    """``feed`` for translators that read an OpenAI chat stream (``chat_to_messages``,
+    ``chat_to_responses``): decode events, close on ``[DONE]``, hand each chunk to ``_on_chunk``; on a
     broken chunk or an error payload raise ``stream_error`` with what was translated before it."""
 
     stream_error: type[StreamError] = StreamError

@@ -25,6 +25,7 @@ from aiohttp import web
 from ..config import Provider, Target
 from ..errors import ClientError
 from ..gateway import Gateway
+from ..providers.anthropic import anthropic_headers
 from ..routing.plan import Ask, plan
 from ..walk.classify import classify_status
 from .dialect import ANTHROPIC, in_dialect
@@ -91,13 +92,7 @@ async def _ask_anthropic(gw: Gateway, provider: Provider, target: Target, body: 
     session = gw.session
     if session is None:
         return "not started"
-    headers = {"content-type": "application/json", "anthropic-version": provider.anthropic_version}
-    if provider.headers:
-        headers.update(provider.headers)
-    if provider.api_key:
-        headers["x-api-key"] = provider.api_key
-    if beta:
-        headers["anthropic-beta"] = beta
+    headers = anthropic_headers(provider, beta)
     upstream_body = orjson.dumps({**body, "model": target.model})
     timeout = aiohttp.ClientTimeout(total=provider.timeouts.first_chunk, sock_connect=provider.timeouts.connect)
     started = time.monotonic()

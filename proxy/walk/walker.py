@@ -21,8 +21,8 @@ from typing import Any
 from ..config import Provider, Route, Target
 from ..errors import error_body
 from ..providers import Adapter, Call, adapter_for
-from ..providers.anthropic_wire import TranslationError
 from ..providers.base import UpstreamRequest
+from ..providers.chat_to_anthropic import TranslationError
 from ..providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
 from ..routing.decision import Attempt
 from ..state import State, TargetState

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from proxy.config import Cooldown, Target
-from proxy.providers.taps import OpenAIUsageTap
+from proxy.providers.usage_taps import OpenAIUsageTap
 from proxy.sim.transport import SimUpstream
 from proxy.state import TargetState
 from proxy.state.limiter import Limiter

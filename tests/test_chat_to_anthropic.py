@@ -6,15 +6,14 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from proxy.providers.anthropic_wire import (
+from proxy.providers.anthropic_to_chat import (
     AnthropicStreamError,
     AnthropicStreamToOpenAI,
-    TranslationError,
     anthropic_error_to_openai,
     anthropic_to_openai_response,
     is_anthropic_context_overflow,
-    openai_to_anthropic_request,
 )
+from proxy.providers.chat_to_anthropic import TranslationError, openai_to_anthropic_request
 from proxy.providers.sse import SseDecoder
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"

@@ -8,13 +8,9 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.providers.anthropic_reverse import (
-    OpenAIStreamError,
-    OpenAIStreamToAnthropic,
-    anthropic_to_openai_request,
-    openai_to_anthropic_response,
-)
-from proxy.providers.anthropic_wire import TranslationError
+from proxy.providers.chat_to_anthropic import TranslationError
+from proxy.providers.chat_to_messages import OpenAIStreamError, OpenAIStreamToAnthropic, openai_to_anthropic_response
+from proxy.providers.messages_to_chat import anthropic_to_openai_request
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 WEATHER_TOOL = {

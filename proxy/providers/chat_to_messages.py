@@ -1,10 +1,8 @@
-"""The ``/v1/messages`` direction: Anthropic-speaking clients, OpenAI-compatible targets.
+"""Chat answers to Messages: an OpenAI answer (buffered, streamed, or an error) in Anthropic's shape.
 
-Translates a Messages API request into a ``chat.completions`` request, and the
-OpenAI answer (buffered, streamed, or an error) back into Anthropic's shape, so
-the ``anthropic`` SDK and agents built on it can use any target of a route.
-Pure functions and one sans-I/O stream translator; the other direction lives in
-``anthropic_wire``, whose SSE decoder this module shares.
+The way back for ``/v1/messages`` clients (the ``anthropic`` SDK and agents built
+on it) served by an OpenAI-shaped target, whose request ``messages_to_chat``
+built. Pure functions and one sans-I/O stream translator.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import StreamError
-from .anthropic_wire import TranslationError, parse_arguments, tool_call_of
+from .chat_to_anthropic import tool_use_of
 from .sse import ChatChunkFeed, SseDecoder, event_frame
 from .tokens import token_count
 from .usage import usage_from_chat
@@ -20,7 +18,6 @@ from .usage import usage_from_chat
 __all__ = [
     "OpenAIStreamError",
     "OpenAIStreamToAnthropic",
-    "anthropic_to_openai_request",
     "openai_to_anthropic_response",
 ]
 
@@ -41,147 +38,6 @@ STOP_REASONS = {
     "content_filter": "refusal",
 }
 
-# --- request: Anthropic -> OpenAI -------------------------------------------------------------
-
-
-def anthropic_to_openai_request(body: Json, model: str) -> Json:
-    """Build a ``chat.completions`` request; a stream asks for usage so calls can be priced."""
-    messages: list[Json] = []
-    system = _joined_text(body.get("system"), "system")
-    if system:
-        messages.append({"role": "system", "content": system})
-    for i, message in enumerate(body.get("messages") or []):
-        role = message.get("role")
-        if role == "user":
-            messages.extend(_user_messages(message.get("content"), i))
-        elif role == "assistant":
-            messages.append(_assistant_message(message.get("content"), i))
-        else:
-            raise TranslationError(f"messages[{i}].role {role!r} is not supported")
-
-    out: Json = {"model": model, "messages": messages}
-    if body.get("max_tokens") is not None:
-        # max_tokens, not max_completion_tokens: most OpenAI-compatible servers know only it.
-        out["max_tokens"] = body["max_tokens"]
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None:
-            out[key] = body[key]
-    if body.get("stop_sequences"):
-        out["stop"] = list(body["stop_sequences"])
-    if body.get("stream"):
-        out["stream"] = True
-        out["stream_options"] = {"include_usage": True}
-    user_id = (body.get("metadata") or {}).get("user_id")
-    if user_id:
-        out["user"] = user_id
-    if body.get("tools"):
-        out["tools"] = [_tool(tool, i) for i, tool in enumerate(body["tools"])]
-        choice = body.get("tool_choice") or {}
-        if choice:
-            out["tool_choice"] = _tool_choice(choice)
-        if choice.get("disable_parallel_tool_use"):
-            out["parallel_tool_calls"] = False
-    return out
-
-
-def _joined_text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for block in content:
-        if block.get("type") != "text":
-            raise TranslationError(f"{where}: only text blocks are supported here")
-        texts.append(block.get("text") or "")
-    return "\n\n".join(t for t in texts if t)
-
-
-def _user_messages(content: Any, i: int) -> list[Json]:
-    """One Anthropic user turn becomes tool messages (which must follow the assistant's
-    tool calls directly) and then a user message with everything else. Images inside a
-    tool result cannot sit in an OpenAI tool message, so they move to that user message."""
-    if content is None or isinstance(content, str):
-        return [{"role": "user", "content": content or ""}]
-    tools: list[Json] = []
-    parts: list[Json] = []
-    for block in content:
-        if block.get("type") == "tool_result":
-            result = block.get("content")
-            texts: list[str] = []
-            if isinstance(result, str):
-                texts.append(result)
-            for inner in result if isinstance(result, list) else []:
-                if inner.get("type") == "text":
-                    texts.append(inner.get("text") or "")
-                else:
-                    parts.append(_user_part(inner, i))
-            tools.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": block.get("tool_use_id"),
-                    "content": "\n\n".join(t for t in texts if t),
-                }
-            )
-        else:
-            parts.append(_user_part(block, i))
-    return tools + ([{"role": "user", "content": parts}] if parts else [])
-
-
-def _user_part(block: Json, i: int) -> Json:
-    kind = block.get("type")
-    if kind == "text":
-        return {"type": "text", "text": block.get("text") or ""}
-    if kind == "image":
-        source = block.get("source") or {}
-        if source.get("type") == "base64":
-            url = f"data:{source.get('media_type')};base64,{source.get('data')}"
-        elif source.get("type") == "url":
-            url = source.get("url") or ""
-        else:
-            raise TranslationError(f"messages[{i}]: image source {source.get('type')!r}")
-        return {"type": "image_url", "image_url": {"url": url}}
-    raise TranslationError(f"messages[{i}]: content block {kind!r} has no OpenAI equivalent")
-
-
-def _assistant_message(content: Any, i: int) -> Json:
-    if content is None or isinstance(content, str):
-        return {"role": "assistant", "content": content or ""}
-    texts: list[str] = []
-    calls: list[Json] = []
-    for block in content:
-        kind = block.get("type")
-        if kind == "text":
-            texts.append(block.get("text") or "")
-        elif kind == "tool_use":
-            calls.append(tool_call_of(block))
-        elif kind not in ("thinking", "redacted_thinking"):  # signed reasoning stays behind
-            raise TranslationError(f"messages[{i}]: content block {kind!r} is not supported")
-    message: Json = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-def _tool(tool: Json, i: int) -> Json:
-    if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
-        raise TranslationError(f"tools[{i}]: server tool {tool.get('type')!r} is not supported")
-    function: Json = {"name": tool.get("name")}
-    if tool.get("description"):
-        function["description"] = tool["description"]
-    function["parameters"] = tool["input_schema"]
-    return {"type": "function", "function": function}
-
-
-def _tool_choice(choice: Json) -> Any:
-    kind = choice.get("type")
-    if kind in ("auto", "none"):
-        return kind
-    if kind == "any":
-        return "required"
-    if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    raise TranslationError(f"tool_choice {choice!r} is not supported")
-
-
 # --- response: OpenAI -> Anthropic ------------------------------------------------------------
 
 
@@ -193,16 +49,7 @@ def openai_to_anthropic_response(body: Json, model: str) -> Json:
     content: list[Json] = []
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        content.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id"),
-                "name": function.get("name"),
-                "input": parse_arguments(function.get("arguments")),
-            }
-        )
+    content.extend(tool_use_of(call) for call in message.get("tool_calls") or [])
     return {
         "id": body.get("id"),
         "type": "message",

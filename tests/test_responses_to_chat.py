@@ -10,8 +10,9 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.providers.anthropic_wire import TranslationError
-from proxy.providers.responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, responses_to_chat
+from proxy.providers.chat_to_anthropic import TranslationError
+from proxy.providers.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response
+from proxy.providers.responses_to_chat import responses_to_chat
 
 from .conftest import chunk_event, sse
 

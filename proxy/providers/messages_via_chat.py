@@ -1,7 +1,7 @@
-"""``/v1/messages`` to an OpenAI-shaped target (``openai``, ``simulated``).
+"""Messages clients via chat targets: the adapter serving ``/v1/messages`` from an OpenAI-shaped target (``openai``, ``simulated``).
 
 Wraps that kind's own adapter: the Anthropic request becomes a chat completion
-(``anthropic_reverse``), the inner adapter builds the upstream call, and the
+(``messages_to_chat``, back with ``chat_to_messages``), the inner adapter builds the upstream call, and the
 answer comes back as a Messages answer, streamed event by event. Errors stay in
 the OpenAI shape here; the ``/v1/messages`` handler reshapes whatever error
 the client finally gets, firstbyte's own included, in one place.
@@ -14,14 +14,11 @@ from dataclasses import replace
 import orjson
 
 from ..config import Provider, Target
-from .anthropic_reverse import (
-    OpenAIStreamToAnthropic,
-    anthropic_to_openai_request,
-    openai_to_anthropic_response,
-)
-from .anthropic_reverse import error_event as anthropic_error_event
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
+from .chat_to_messages import OpenAIStreamToAnthropic, openai_to_anthropic_response
+from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import FirstToken
+from .messages_to_chat import anthropic_to_openai_request
 
 __all__ = ["ReverseMessages"]
 

@@ -1,4 +1,4 @@
-"""Usage taps: stream "translators" for answers that already have the client's shape.
+"""Upstream streams to usage: taps that count passthrough streams already in the client's shape.
 
 A passthrough stream still has to be counted, so these sit where a translator
 would (``lease.translator``) and return the bytes they are fed, whole events at
@@ -20,10 +20,10 @@ import orjson
 from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamTooLarge
 from ..memory import trim
-from .anthropic_reverse import OpenAIStreamError
-from .anthropic_reverse import error_event as anthropic_error_event
-from .anthropic_wire import AnthropicStreamError
+from .anthropic_to_chat import AnthropicStreamError
 from .base import openai_error_event
+from .chat_to_messages import OpenAIStreamError
+from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import error_of
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat

@@ -1,11 +1,11 @@
-"""``/v1/responses`` adapters: as it is to targets that speak it, translated to the rest.
+"""Responses clients via chat targets: the ``/v1/responses`` adapters, as it is to targets that speak it, through chat to the rest.
 
 - :class:`PassthroughResponses` (``kind: openai`` with ``responses: true``): the
   body goes to ``{base_url}/responses`` with only the model swapped; the stream
   is counted by :class:`ResponsesUsageTap` on its way through.
 - :class:`TranslatedResponses` wraps any kind's chat adapter (``openai``,
   ``azure``, ``simulated``, ``anthropic``): the request becomes a chat
-  completion (``responses.responses_to_chat``), the inner adapter builds the
+  completion (``responses_to_chat``, back with ``chat_to_responses``), the inner adapter builds the
   call and reads the answer into the OpenAI chat shape as it does for
   ``/v1/chat/completions``, and that is reshaped as a Response, streamed event
   by event. Errors stay in the OpenAI shape, which is also the Responses API's.
@@ -20,14 +20,15 @@ import orjson
 
 from ..config import Provider, Target
 from ..errors import StreamError
-from .anthropic_wire import TranslationError
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
+from .chat_to_anthropic import TranslationError
+from .chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response
 from .first_token import FirstToken, ResponsesFirstToken
 from .openai import OpenAIAdapter
-from .responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, responses_to_chat
+from .responses_to_chat import responses_to_chat
 from .sse import event_frame
-from .taps import _Framer
 from .usage import usage_from_responses
+from .usage_taps import _Framer
 
 __all__ = ["PassthroughResponses", "ResponsesUsageTap", "TranslatedResponses"]
 
