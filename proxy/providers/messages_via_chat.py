@@ -1,4 +1,6 @@
-"""Messages clients via chat targets: the adapter serving ``/v1/messages`` from an OpenAI-shaped target (``openai``, ``simulated``).
+"""Messages clients via chat targets: ``/v1/messages`` served by an OpenAI-shaped kind.
+
+For ``openai``, ``simulated`` and every kind but ``anthropic``.
 
 Wraps that kind's own adapter: the Anthropic request becomes a chat completion
 (``messages_to_chat``, back with ``chat_to_messages``), the inner adapter builds the upstream call, and the

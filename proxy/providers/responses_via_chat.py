@@ -1,4 +1,4 @@
-"""Responses clients via chat targets: the ``/v1/responses`` adapters, as it is to targets that speak it, through chat to the rest.
+"""Responses clients via chat targets: ``/v1/responses`` as it is to targets that speak it, via chat to the rest.
 
 - :class:`PassthroughResponses` (``kind: openai`` with ``responses: true``): the
   body goes to ``{base_url}/responses`` with only the model swapped; the stream
