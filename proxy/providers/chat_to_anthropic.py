@@ -58,7 +58,7 @@ def openai_to_anthropic_request(body: Json, model: str, default_max_tokens: int)
     for i, message in enumerate(body.get("messages") or []):
         role = message.get("role")
         if role in ("system", "developer"):
-            text = _text_of(message.get("content"), f"messages[{i}]")
+            text = text_of(message.get("content"), f"messages[{i}]")
             if text:
                 system.append(text)
         elif role == "user":
@@ -99,8 +99,9 @@ def openai_to_anthropic_request(body: Json, model: str, default_max_tokens: int)
     return out
 
 
-def _text_of(content: Any, where: str) -> str:
-    """System and tool contents come as a string or a list of text parts."""
+def text_of(content: Any, where: str, unit: str = "parts") -> str:
+    """System and tool contents come as a string or a list of text items (``unit`` is each API's
+    word for them, in the refusal); any other item is refused, not dropped."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -108,7 +109,7 @@ def _text_of(content: Any, where: str) -> str:
     texts = []
     for part in content:
         if part.get("type") != "text":
-            raise TranslationError(f"{where}: only text parts are supported here")
+            raise TranslationError(f"{where}: only text {unit} are supported here")
         texts.append(part.get("text") or "")
     return "\n\n".join(t for t in texts if t)
 
@@ -163,7 +164,7 @@ def _image_block(url: str, i: int) -> Json:
 
 
 def _assistant_content(message: Json, i: int) -> str | list[Json]:
-    text = _text_of(message.get("content"), f"messages[{i}]")
+    text = text_of(message.get("content"), f"messages[{i}]")
     calls = message.get("tool_calls") or []
     if not calls:
         return text
@@ -190,7 +191,7 @@ def parse_arguments(arguments: Any) -> Json:
 def _tool_result(message: Json, i: int) -> Json:
     content = message.get("content")
     if isinstance(content, list):
-        _text_of(content, f"messages[{i}]")  # refuses non-text parts
+        text_of(content, f"messages[{i}]")  # refuses non-text parts
         content = [{"type": "text", "text": p["text"]} for p in content if p.get("text")]
     block: Json = {"type": "tool_result", "tool_use_id": message.get("tool_call_id")}
     if content:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .chat_to_anthropic import TranslationError, tool_call_of
+from .chat_to_anthropic import TranslationError, text_of, tool_call_of
 
 __all__ = [
     "anthropic_to_openai_request",
@@ -24,7 +24,7 @@ Json = dict[str, Any]
 def anthropic_to_openai_request(body: Json, model: str) -> Json:
     """Build a ``chat.completions`` request; a stream asks for usage so calls can be priced."""
     messages: list[Json] = []
-    system = _joined_text(body.get("system"), "system")
+    system = text_of(body.get("system"), "system", "blocks")
     if system:
         messages.append({"role": "system", "content": system})
     for i, message in enumerate(body.get("messages") or []):
@@ -59,17 +59,6 @@ def anthropic_to_openai_request(body: Json, model: str) -> Json:
         if choice.get("disable_parallel_tool_use"):
             out["parallel_tool_calls"] = False
     return out
-
-
-def _joined_text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for block in content:
-        if block.get("type") != "text":
-            raise TranslationError(f"{where}: only text blocks are supported here")
-        texts.append(block.get("text") or "")
-    return "\n\n".join(t for t in texts if t)
 
 
 def _user_messages(content: Any, i: int) -> list[Json]:
