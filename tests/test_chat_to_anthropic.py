@@ -277,3 +277,10 @@ def test_tool_choice_without_tools_is_dropped() -> None:
 def test_untranslatable_request(body: dict[str, Any], words: str) -> None:
     with pytest.raises(TranslationError, match=words):
         openai_to_anthropic_request(body, "m", 8)
+
+
+def test_a_system_message_with_a_non_text_part_is_refused_in_openais_words() -> None:
+    image = {"type": "image_url", "image_url": {"url": "x"}}
+    body = {"model": "m", "messages": [{"role": "system", "content": [image]}, {"role": "user", "content": "hi"}]}
+    with pytest.raises(TranslationError, match=r"^messages\[0\]: only text parts are supported here$"):
+        openai_to_anthropic_request(body, "claude-x", 1024)

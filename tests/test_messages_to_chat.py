@@ -248,3 +248,10 @@ def test_tool_choice(choice: dict[str, Any] | None, want: dict[str, Any]) -> Non
 def test_untranslatable_request(body: dict[str, Any], words: str) -> None:
     with pytest.raises(TranslationError, match=words):
         anthropic_to_openai_request(body, "gpt-x")
+
+
+def test_a_system_prompt_with_a_non_text_block_is_refused_in_anthropics_words() -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+            "system": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}
+    with pytest.raises(TranslationError, match=r"^system: only text blocks are supported here$"):
+        anthropic_to_openai_request(body, "m")
