@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -64,6 +65,13 @@ async def race_proxy(upstreams, proxy, handlers: dict[str, Any], strategy: str =
     return ups, await proxy(config)
 
 
+async def until(ready: Callable[[], bool], secs: float = 5.0) -> None:
+    """Wait (bounded) for a condition on the proxy's state; the caller's assert says what failed."""
+    deadline = time.monotonic() + secs
+    while not ready() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 async def settle(*handlers: Timed, want: int, secs: float = 3.0) -> None:
     """Wait (bounded) until the upstreams have seen ``want`` calls end one way or the other."""
     deadline = time.monotonic() + secs
@@ -111,7 +119,9 @@ async def test_a_hedge_that_fails_lets_the_leader_win_and_a_failed_leader_lets_t
         await asyncio.sleep(0.3)
         return web.json_response({"error": {"message": "busy", "type": "server_error"}}, status=503)
 
-    ups2, p2 = await race_proxy(upstreams, proxy, {"a": late_503, "b": Timed(first=0.2, text="from-b")},
+    # b starts at 0.1 s and has its token at about 0.6 s, well after a's 503 at 0.3 s: with b's token
+    # at 0.3 s too the two came within milliseconds and, under load, b could win outright first.
+    ups2, p2 = await race_proxy(upstreams, proxy, {"a": late_503, "b": Timed(first=0.5, text="from-b")},
                                 hedge={"after": 0.1})
     status, headers, body = await p2.post("/v1/chat/completions", {**CHAT, "stream": True})
     d = decision_of(headers)
@@ -146,13 +156,16 @@ async def test_the_budget_stops_hedges_past_max_extra(upstreams, proxy):
 
 async def test_an_explored_loser_is_measured_from_its_own_first_token(upstreams, proxy):
     a, b = Timed(first=0.02), Timed(first=0.3, text="slow")
+    # cap 100: b (0.3 s) is cut only past 2 s, so a loaded machine slows it without making it a lower bound
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
-                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1})
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1, "cap": 100})
     for _ in range(2):  # cold start: a and b race each other, both get measured
         await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     await settle(a, b, want=3)
     fastest = p.gateway.config.routes["chat"].fastest
     key = ("b", "m")
+    state = p.gateway.state
+    await until(lambda: state.tracker.samples(key) >= 1 and not state.in_flight(key))  # b's cold measure is in
     samples = p.gateway.state.tracker.samples(key)
     route = p.gateway.config.routes["chat"]
     p.gateway.apply(parse_config({**_raw(p), "routes": {"chat": {**_raw_route(route), "fastest": {
@@ -165,6 +178,7 @@ async def test_an_explored_loser_is_measured_from_its_own_first_token(upstreams,
     assert d.served == "a" and took < 0.25  # the client did not wait for the explored target
     assert ("b", "measuring") in d.attempt_outcomes()
     await settle(a, b, want=5)
+    await until(lambda: not state.in_flight(key))  # the explored racer has ended
     assert p.gateway.state.tracker.samples(key) == samples + 1
     figure = p.gateway.state.tracker.recent(key, "streamed")[-1]
     assert 0.28 < figure < 0.6  # its own first token, not the winner's, not a guess
