@@ -131,7 +131,7 @@ class Decision:
     def header(self) -> str:
         """The ``x-route-decision`` value, formatted once per record (the response and the log both ask)."""
         if self._header is None:
-            object.__setattr__(self, "_header", format_header(self))
+            object.__setattr__(self, "_header", header_with(self, self.attempts, self.served, self.race))
         return self._header  # type: ignore[return-value]
 
     def but(self, **changes: Any) -> Decision:

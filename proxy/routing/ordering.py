@@ -17,7 +17,7 @@ than its signal lets it (docs/adr/0006).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from types import MappingProxyType
@@ -89,8 +89,8 @@ def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: floa
     recovery seen once, confirmed by the next sample instead of a wait for ``refresh``); else the
     one whose figure is oldest, when older than ``hedge.refresh_secs``."""
     hedge = route.hedge
-    if hedge is None or not hedge.explore:
-        return None
+    if hedge is None or not hedge.explore or len(targets) < 2:
+        return None  # alone, a target has nobody to race: exploring it would change nothing
     leading = min((f for f in figures.values() if f is not None), default=None) if figures else None
     best: tuple[float, str] | None = None
     for t in targets:
@@ -109,10 +109,12 @@ def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: floa
 
 def _ranked(targets: Sequence[Target], first: str, figures: Figures) -> list[Ranked]:
     """The first carries the word that put it first; an unmeasured first shows no figure."""
-    ranked = [Ranked(t.name, None, figures[t.name]) for t in targets]
-    if ranked:
-        lead = ranked[0]
-        ranked[0] = Ranked(lead.name, first, None if first == "unmeasured" else lead.figure)
+    ranked: list[Ranked] = []
+    for t in targets:  # each built once: the first with its word, the rest bare
+        if ranked:
+            ranked.append(Ranked(t.name, None, figures[t.name]))
+        else:
+            ranked.append(Ranked(t.name, first, None if first == "unmeasured" else figures[t.name]))
     return ranked
 
 
@@ -138,10 +140,6 @@ def weighted(
     return out, "weighted"
 
 
-def _speed_key(figures: Figures) -> Callable[[Target], float]:
-    return lambda t: figures[t.name] or 0.0
-
-
 def fastest(
     targets: Sequence[Target],
     figures: Figures,
@@ -156,11 +154,16 @@ def fastest(
     concurrent requests of a cold start go by the figures that exist, and it goes last. ``stale``
     names a target to explore because its figure is old (only under a race, where exploring is free).
     """
-    unmeasured = [t for t in targets if figures[t.name] is None and t.name not in measuring]
-    # Being measured already: least in flight first, so a cold burst spreads over the pool.
-    busy = sorted((t for t in targets if figures[t.name] is None and t.name in measuring),
-                  key=lambda t: measuring[t.name])
-    measured = [t for t in targets if figures[t.name] is not None]
+    unmeasured: list[Target] = []
+    busy: list[Target] = []  # being measured already
+    measured: list[Target] = []
+    for t in targets:  # one pass, not three comprehensions: this runs for every request
+        if figures[t.name] is not None:
+            measured.append(t)
+        else:
+            (busy if t.name in measuring else unmeasured).append(t)
+    if busy:
+        busy.sort(key=lambda t: measuring[t.name])  # least in flight first: a cold burst spreads
     if policy.quality_weight > 0:
         w = policy.quality_weight
         target_s = policy.latency_target_ms / 1000.0
@@ -172,8 +175,8 @@ def fastest(
             return (-((1 - w) * speed + w * quality), fig)
 
         measured.sort(key=blended)
-    else:
-        measured.sort(key=_speed_key(figures))
+    elif len(measured) > 1:
+        measured.sort(key=lambda t: figures[t.name] or 0.0)
     out = unmeasured + measured + busy
     if unmeasured or not measured:
         return out, "unmeasured"
@@ -220,7 +223,8 @@ def order_targets(
     if strategy == "weighted":
         out, first = weighted(targets, figures, rng)
     elif strategy == "fastest":
-        measuring = {t.name: n for t in targets if figures[t.name] is None and (n := state.in_flight(t.key, mode))}
+        measuring = ({t.name: n for t in targets if figures[t.name] is None and (n := state.in_flight(t.key, mode))}
+                     if None in figures.values() else {})
         stale = stalest(route, targets, state, now, mode, figures) if explore else None
         out, first = fastest(targets, figures, route.fastest, rng if explore else None, measuring, stale)
     elif strategy == "cheapest":

@@ -8,6 +8,7 @@ answered in the endpoint's dialect (``dialect.py``); every routed response carri
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import time
@@ -230,13 +231,9 @@ def _error_code(body: bytes) -> str | None:
 
 
 def handler(gw: Gateway, op: str) -> Handler:
-    """A routed endpoint for one operation."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        return await routed(gw, request, op)
-
-    handle.__name__ = f"handle_{op}"
-    return handle
+    """A routed endpoint for one operation: ``routed`` itself with the operation bound, not a
+    coroutine around it, whose frame every resume of the request's task would pass through."""
+    return functools.partial(routed, gw, op=op)
 
 
 def _presented_key(request: web.Request) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..config import Hedge, Provider, Route, Target
 from ..providers import Call
-from ..routing.decision import Attempt, Racer
+from ..routing.decision import Attempt, Decision, Racer
 from ..routing.hedge import hedge_delay, measure_cap
 from ..routing.plan import Plan
 from ..state.tracker import BUFFERED, STREAMED
@@ -46,7 +46,7 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
     if route.hedge is None:
         return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
     race = Race(walker, route, route.hedge, plan.targets, call, providers, plan.rescued)
-    return race.run(plan.together, plan.decision.first_reason)
+    return race.run(plan.together, plan.decision)
 
 
 class _Racer:
@@ -125,9 +125,10 @@ class Race:
         self.roles: list[Racer] = []
         self.task = asyncio.current_task()
 
-    async def run(self, together: int, first_reason: str) -> Walked:
+    async def run(self, together: int, decision: Decision) -> Walked:
         self.budget.deposit()
         if together > 1 and len(self.queue) > 1:
+            first_reason = decision.first_reason
             free = self._first_measure(first_reason)
             if self.budget.withdraw(count=not free) or free:
                 # The plan's first is the explored (or unmeasured) target: it races in a task and

@@ -29,16 +29,21 @@ class Slot:
         self.heard = False  # the breaker heard this attempt's success or failure
         self.upstream: Upstream | None = None  # the call, once sent
         self.released = False
+        if limiter is None:  # nothing to wait for: in flight from its admission (as _count, inline)
+            ts.in_flight += 1
+            ts.buffering += buffered
+            self._counted = True
 
     async def queue(self) -> None:
         """Wait for a place under the provider's limit (only when it has one: a coroutine per
-        attempt is measurable on the hot path)."""
+        attempt is measurable on the hot path), then count in flight."""
         limiter = self.limiter
         assert limiter is not None
         await limiter.acquire()
         self._held = True
+        self._count()
 
-    def count(self) -> None:
+    def _count(self) -> None:
         """Count the call in flight, once it holds its place: a call still queued is not, for
         the planner must not see it as load on the target."""
         ts = self.ts

@@ -195,8 +195,7 @@ class Walker:
             try:
                 try:
                     if slot.limiter is not None:
-                        await slot.queue()
-                    slot.count()
+                        await slot.queue()  # and counts in flight; without a limit, the slot did
                     upstream = slot.upstream = await aim.transport.send(provider, aim.request)
                     if not 200 <= upstream.status < 300:
                         first, failure = await upstream.read(MAX_ERROR_BODY), None

@@ -24,7 +24,6 @@ async def leased(stream: AsyncIterator[bytes] | None = None) -> tuple[Lease, Tar
     ts, limiter, deadlines = TargetState(), Limiter(limit=1, queue=0), Deadlines(lambda: 0.0)
     slot = Slot(ts, limiter, probe=False)
     await slot.queue()
-    slot.count()
     upstream = slot.upstream = SimUpstream(200, {}, None, stream)
     lease = Lease(Target("a", "p", "m"), upstream, b"", OpenAIUsageTap(False), slot, 0.0, 60.0, 600.0,
                   lambda: 5.0, deadlines, Background(), Cooldown(failures=1, secs=30.0))

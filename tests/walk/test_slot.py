@@ -25,8 +25,8 @@ def probing() -> TargetState:
 async def test_a_taken_slot_gives_everything_back_once(heard: bool) -> None:
     ts, limiter = probing(), Limiter(limit=1, queue=0)
     slot = Slot(ts, limiter, probe=True)
+    assert ts.in_flight == 0  # not counted while it waits for its place
     await slot.queue()
-    slot.count()
     slot.upstream = SimUpstream(200, {}, None, None)
     assert ts.in_flight == 1 and limiter.active == 1 and not slot.queued()
     slot.heard = heard
@@ -63,7 +63,7 @@ async def test_a_slot_never_taken_releases_only_its_probe() -> None:
 async def test_a_plain_slot_leaves_someone_elses_probe_alone() -> None:
     ts = probing()
     slot = Slot(ts, None, probe=False)
-    slot.count()
+    assert ts.in_flight == 1  # no limit to wait for: in flight from its admission
     slot.release()
     slot.release()
     assert ts.in_flight == 0 and ts.breaker.probing
