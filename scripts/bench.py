@@ -2,10 +2,12 @@
 
 One invocation starts, on loopback: a ``firstbyte simulate`` upstream with a
 small first-chunk delay (so overhead is visible), the floor
-(``scripts/floor.py``: the smallest aiohttp relay), firstbyte serving a
+(``scripts/floor.py``: the smallest aiohttp relay), the floor committing at
+the first chunk (``floor.py --commit``: headers held until the upstream's
+first chunk, as firstbyte must hold them to fail over), firstbyte serving a
 one-target and a five-target route, both ``fastest``, and a load generator in
 its own process (``scripts/loadgen.py``). For each repeat every phase runs
-against all four in turn (direct, floor, firstbyte-1, firstbyte-5):
+against all five in turn (direct, floor, floor-commit, firstbyte-1, firstbyte-5):
 
 - buffered and streamed calls at concurrency 1, 64 and 512: latency p50/p99,
   time to first chunk, requests per second (closed loop);
@@ -18,7 +20,10 @@ against all four in turn (direct, floor, firstbyte-1, firstbyte-5):
 
 "Added" figures are the proxy's minus the direct connection's from the same
 repeat; the report gives the median over repeats and every firstbyte figure as
-a ratio to the floor's. All processes share the machine's cores (2 here), so
+a ratio to the floor's (the goals), and firstbyte-1's also to the committing
+floor's: a streamed call's first chunk through the plain floor has its headers
+already delivered, so part of the gap is the commit point, not firstbyte's
+code, and the second ratio reads that part apart. All processes share the machine's cores (2 here), so
 the load generator competes with the proxy: read ratios, not absolutes.
 Results go to stdout as a table and to ``bench-results/bench.json``.
 """
@@ -50,7 +55,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 BODY = {"model": "one", "messages": [{"role": "user", "content": "Say hello in eight words."}],
         "max_tokens": 16}
 PATH = "/v1/chat/completions"
-TARGETS = ("direct", "floor", "fb1", "fb5")
+TARGETS = ("direct", "floor", "floorc", "fb1", "fb5")
 GOALS = {"added_c1": 1.25, "rps_c64": 0.8, "mem_per_stream": 1.5}
 
 
@@ -124,9 +129,9 @@ def simulate(procs: Procs, name: str, port: int, first_ms: float, chunk_ms: floa
                        "--chunk-ms", str(chunk_ms), "--chunks", str(chunks), "--seed", "1"], port)
 
 
-def floor(procs: Procs, name: str, port: int, upstream: int) -> subprocess.Popen[bytes]:
+def floor(procs: Procs, name: str, port: int, upstream: int, commit: bool = False) -> subprocess.Popen[bytes]:
     return procs.start(name, [sys.executable, str(ROOT / "scripts" / "floor.py"), "--port", str(port),
-                              "--upstream", f"http://127.0.0.1:{upstream}"], port)
+                              "--upstream", f"http://127.0.0.1:{upstream}", *(["--commit"] if commit else [])], port)
 
 
 HEDGE = {"after": "p90", "max_extra": 0.1, "explore": True}
@@ -325,6 +330,9 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
                 floor_value = row["floor"][k]
                 ratios[k] = row[target][k] / floor_value if floor_value > 0 else float("nan")
             row[target]["vs_floor"] = ratios
+        committed = row["floorc"]["added_p50_ms"]
+        row["fb1"]["vs_floor_commit"] = {"added_p50_ms": row["fb1"]["added_p50_ms"] / committed
+                                         if committed > 0 else float("nan")}
         rows[phase] = row
     hold: dict[str, Any] = {}
     held = [run for run in runs if run.get("hold")]
@@ -375,6 +383,10 @@ def print_table(summary: dict[str, Any], meta: dict[str, Any]) -> None:
               f"{fmt(row['direct']['rps'], '.0f'):>9}{fmt(fl['rps'], '.0f'):>8}{fmt(fb1['rps'], '.0f'):>8}"
               f"{fmt(fb1['vs_floor']['rps']):>8}{fmt(fb5['rps'], '.0f'):>8}")
     print("(latencies in ms; +p50 = added over direct; xfloor = firstbyte's figure / the floor's)")
+    print("\nthe floor committing at the first chunk (floor.py --commit), added p50 and fb1's ratio to it:")
+    for phase, row in summary["phases"].items():
+        print(f"  {phase:<14}floor-commit +p50 {fmt(row['floorc']['added_p50_ms'])}  "
+              f"fb1 x{fmt(row['fb1']['vs_floor_commit']['added_p50_ms'])}")
     hold = summary["hold"]
     if hold:
         print(f"\nlong streams: {meta['streams']} streams x {meta['stream_chunks']} chunks at "
@@ -435,8 +447,9 @@ def main() -> int:
         sim, sim_long = free_port(), free_port()
         simulate(procs, "sim", sim, args.first_chunk_ms, 0, args.chunks)
         simulate(procs, "sim-long", sim_long, 0, 1000.0 / args.chunk_rate, args.stream_chunks)
-        ports = {"direct": sim, "floor": free_port(), "fb1": free_port()}
+        ports = {"direct": sim, "floor": free_port(), "floorc": free_port(), "fb1": free_port()}
         floor(procs, "floor", ports["floor"], sim)
+        floor(procs, "floor-commit", ports["floorc"], sim, commit=True)
         firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp)
         ports["fb5"] = ports["fb1"]  # the same firstbyte; route "five" instead of "one"
         gen = Loadgen()

@@ -5,7 +5,13 @@ One handler forwards the client's body to one upstream with a shared
 parsing, no logging. ``scripts/bench`` measures firstbyte against it in the
 same run: whatever firstbyte adds beyond this is the price of its features.
 
-    python scripts/floor.py --port 8100 --upstream http://127.0.0.1:9100
+``--commit`` holds the status and headers until the upstream's first chunk, as
+firstbyte must (it may still fail over until then: docs/adr/0001, 0007). The
+plain floor sends them while the upstream is still thinking, which no gateway
+that fails over can do; the bench shows both, so the price of committing late
+and the price of firstbyte's own work read apart.
+
+    python scripts/floor.py --port 8100 --upstream http://127.0.0.1:9100 [--commit]
 """
 
 from __future__ import annotations
@@ -35,7 +41,25 @@ async def relay(request: web.Request) -> web.StreamResponse:
         return response
 
 
-def build(upstream: str) -> web.Application:
+async def relay_committed(request: web.Request) -> web.StreamResponse:
+    """``relay``, but the status and headers wait for the upstream's first chunk (``--commit``).
+    A handler of its own, so the plain floor runs exactly the code it always ran."""
+    body = await request.read()
+    session = request.app[SESSION]
+    async with session.post(request.app[UPSTREAM] + request.path, data=body,
+                            headers={"content-type": "application/json"}) as up:
+        first = await up.content.readany()
+        response = web.StreamResponse(status=up.status,
+                                      headers={"content-type": up.headers.get("content-type", "")})
+        await response.prepare(request)
+        await response.write(first)
+        async for chunk in up.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+def build(upstream: str, commit: bool = False) -> web.Application:
     app = web.Application()
     app[UPSTREAM] = upstream.rstrip("/")
 
@@ -45,12 +69,12 @@ def build(upstream: str) -> web.Application:
         await app[SESSION].close()
 
     app.cleanup_ctx.append(session)
-    app.router.add_post("/{tail:.*}", relay)
+    app.router.add_post("/{tail:.*}", relay_committed if commit else relay)
     return app
 
 
 async def main(args: argparse.Namespace) -> None:
-    runner = web.AppRunner(build(args.upstream), access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(build(args.upstream, args.commit), access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port, backlog=4096, reuse_address=True).start()
     print(f"floor on http://{args.host}:{args.port} -> {args.upstream}", flush=True)
@@ -65,4 +89,5 @@ if __name__ == "__main__":
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:9100")
+    p.add_argument("--commit", action="store_true", help="hold the headers until the first chunk")
     uvloop.run(main(p.parse_args()))
