@@ -118,13 +118,7 @@ def _ranked(targets: Sequence[Target], first: str, figures: Figures) -> list[Ran
     return ranked
 
 
-def ordered(targets: Sequence[Target], figures: Figures) -> tuple[list[Target], str]:
-    return list(targets), "written"
-
-
-def weighted(
-    targets: Sequence[Target], figures: Figures, rng: random.Random
-) -> tuple[list[Target], str]:
+def weighted(targets: Sequence[Target], rng: random.Random) -> tuple[list[Target], str]:
     """Draw without replacement, each pick proportional to weight; weight-0 targets go last."""
     pool = [t for t in targets if t.weight > 0]
     out: list[Target] = []
@@ -221,7 +215,7 @@ def order_targets(
     if strategy == "score":
         return score(route.score, targets, figures, state, op)
     if strategy == "weighted":
-        out, first = weighted(targets, figures, rng)
+        out, first = weighted(targets, rng)
     elif strategy == "fastest":
         measuring = ({t.name: n for t in targets if figures[t.name] is None and (n := state.in_flight(t.key, mode))}
                      if None in figures.values() else {})
@@ -230,7 +224,7 @@ def order_targets(
     elif strategy == "cheapest":
         out, first = cheapest(targets, figures)
     else:
-        out, first = ordered(targets, figures)
+        out, first = list(targets), "written"
     if strategy == "cheapest":
         return out, [Ranked(t.name, first if i == 0 else None, None if t.price is None else t.price.total, PRICE)
                      for i, t in enumerate(out)]

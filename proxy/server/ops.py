@@ -11,13 +11,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..config import Route, Target
 from ..errors import error_body
 from ..gateway import Gateway
 from ..observe.hub import Hub
 from ..routing.ordering import load_penalty
 from ..routing.plan import Ask, plan
 from ..routing.score import score_targets
+from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
 from .replies import GATEWAY, HUB, error_response, json_response, request_id
 
@@ -61,41 +61,35 @@ async def readyz(request: web.Request) -> web.Response:
                           "routes": len(gw.config.routes)})
 
 
-def _figures(gw: Gateway, route: Route, target: Target, now: float) -> dict[str, Any]:
+def _figures(figures: TargetFigures) -> dict[str, Any]:
     """A target's figure, samples and age in each mode (they are separate series)."""
-    out = {}
-    for mode in MODES:
-        figure = gw.state.figure(target.key, route.fastest, now, mode)
-        age = gw.state.tracker.age(target.key, now, mode)
-        out[mode] = {"figure_s": None if figure is None else round(figure, 4),
-                     "samples": gw.state.tracker.samples(target.key, mode),
-                     "age_s": None if age is None else round(age, 3)}
-    return out
+    return {mode: {"figure_s": None if m.figure is None else round(m.figure, 4), "samples": m.samples,
+                   "age_s": None if m.age is None else round(m.age, 3)}
+            for mode, m in figures.modes.items()}
 
 
 async def health(request: web.Request) -> web.Response:
-    """Every target of every route: figures per mode, breaker, failures, in flight."""
+    """Every target of every route: figures per mode, breaker, failures, in flight; read from the
+    state's snapshot, like the metrics scrape, never from the live state."""
     gw = request.app[GATEWAY]
-    now = gw.clock()
+    config = gw.config
     out = []
-    for route in gw.config.routes.values():
-        for target in route.targets:
-            h = gw.state.health(target.key, now)
-            ts = gw.state.targets.get(target.key)
-            out.append({
-                "route": route.name,
-                "target": target.name,
-                "provider": target.provider,
-                "model": target.model,
-                **_figures(gw, route, target, now),  # streamed: first token; buffered: whole answer
-                "breaker": h.state,  # closed | open | half-open (next call probes) | probing
-                "seconds_left": round(h.seconds_left, 3),  # open: until the probe may go
-                "cooling_s": round(h.cooling, 3),  # a Retry-After cool-down still running
-                "failures": h.failures,  # consecutive failover-safe failures
-                "in_flight": 0 if ts is None else ts.in_flight,
-                # what load-aware fastest multiplies the figure by now (1 when it is off)
-                "load_penalty": round(load_penalty(route.fastest, 0 if ts is None else ts.in_flight), 3),
-            })
+    for figures in gw.state.snapshot(config, gw.clock()):
+        target, h = figures.target, figures.health
+        out.append({
+            "route": figures.route,
+            "target": target.name,
+            "provider": target.provider,
+            "model": target.model,
+            **_figures(figures),  # streamed: first token; buffered: whole answer
+            "breaker": h.state,  # closed | open | half-open (next call probes) | probing
+            "seconds_left": round(h.seconds_left, 3),  # open: until the probe may go
+            "cooling_s": round(h.cooling, 3),  # a Retry-After cool-down still running
+            "failures": h.failures,  # consecutive failover-safe failures
+            "in_flight": figures.in_flight,
+            # what load-aware fastest multiplies the figure by now (1 when it is off)
+            "load_penalty": round(load_penalty(config.routes[figures.route].fastest, figures.in_flight), 3),
+        })
     return json_response({"targets": out})
 
 
@@ -122,17 +116,18 @@ async def explain(request: web.Request) -> web.Response:
     planned = plan(config, Ask("explain", name, op=op, mode=mode), gw.state, now, rng, explore=False)
     d = planned.decision
     signals, basis = _signals(gw, route, planned.targets, now, op, mode)
+    taken = {f.target.name: f for f in gw.state.snapshot(config, now) if f.route == name}
     order = []
     for ranked, target in zip(d.order, planned.targets, strict=True):
-        figures = _figures(gw, route, target, now)
+        figures = _figures(taken[target.name])
         order.append({
             "target": target.name,
             "detail": ranked.detail,
             "figure_s": figures[mode]["figure_s"],  # the mode this order is for
             "samples": figures[mode]["samples"],
             **{m: {k: v for k, v in f.items() if k != "age_s"} for m, f in figures.items()},
-            "in_flight": gw.state.in_flight(target.key),
-            "load_penalty": round(load_penalty(route.fastest, gw.state.in_flight(target.key)), 3),
+            "in_flight": taken[target.name].in_flight,
+            "load_penalty": round(load_penalty(route.fastest, taken[target.name].in_flight), 3),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
             **signals.get(target.name, {}),

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping
-from typing import Any
 
 from ..config import Hedge, Provider, Route, Target
 from ..providers import Call
@@ -34,6 +33,7 @@ from ..routing.plan import Plan
 from ..state.tracker import BUFFERED, STREAMED
 from .deadlines import Countdown
 from .result import Trail, Walked
+from .slot import Reservation
 from .walker import Walker
 
 __all__ = ["Race", "walk_route"]
@@ -52,16 +52,15 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
 class _Racer:
     """A target running in a task of its own beside the leader."""
 
-    __slots__ = ("buffered", "cap", "capped", "measuring", "reserved", "started", "target", "task", "trail")
+    __slots__ = ("cap", "capped", "measuring", "reserved", "started", "target", "task", "trail")
 
-    def __init__(self, target: Target, started: float, measuring: bool) -> None:
+    def __init__(self, target: Target, started: float, measuring: bool, reserved: Reservation) -> None:
         self.target = target
         self.started = started
         self.measuring = measuring  # explored or measured: runs on to its own first token if it loses
         self.trail = Trail()
         self.task: asyncio.Task[None] | None = None
-        self.reserved: Any = None  # the target's state, counted in flight until the racer's task runs
-        self.buffered = False  # counted in its mode too
+        self.reserved = reserved  # in flight until the racer's task runs
         self.cap: asyncio.TimerHandle | None = None  # a loser being measured: when it is cut
         self.capped = False  # the cut came: the cancel is ours, not the loop's
 
@@ -73,14 +72,6 @@ def _cut(racer: _Racer) -> None:
     if task is not None and not task.done():
         racer.capped = True
         task.cancel()
-
-
-def _unreserve(racer: _Racer) -> None:
-    ts = racer.reserved
-    if ts is not None:
-        racer.reserved = None
-        ts.in_flight -= 1
-        ts.buffering -= racer.buffered
 
 
 class _HedgeTimer(Countdown):
@@ -223,22 +214,18 @@ class Race:
         self.roles.append(Racer(self._start(measuring=False).target.name, f"hedge {after:.2f}s"))
 
     def _start(self, measuring: bool) -> _Racer:
-        racer = _Racer(self.queue.pop(0), self.walker.clock(), measuring)
+        target = self.queue.pop(0)
+        reserved = Reservation(self.walker.state.target(target.key), not self.call.stream)
+        racer = _Racer(target, self.walker.clock(), measuring, reserved)
         self.racers.append(racer)
-        # In flight from now, not from when its task first runs: requests planned in between (a burst
-        # that arrived together) must see it, or they all pick the same unmeasured target.
-        ts = racer.reserved = self.walker.state.target(racer.target.key)
-        ts.in_flight += 1
-        racer.buffered = not self.call.stream
-        ts.buffering += racer.buffered
         task = racer.task = asyncio.get_running_loop().create_task(self._run(racer))
-        task.add_done_callback(lambda _task: _unreserve(racer))  # cancelled before it ever ran
+        task.add_done_callback(lambda _task: reserved.release())  # cancelled before it ever ran
         return racer
 
     async def _run(self, racer: _Racer) -> None:
         """One racer: its target's attempts. The first to commit wins (and stops the leader); a
         later answer is let go at once: it was measured, not served."""
-        _unreserve(racer)  # the attempt counts itself from here on, with no await in between
+        racer.reserved.release()  # the attempt's Slot counts it from here on, with no await in between
         try:
             try:
                 over = await self.walker.try_target(racer.trail, self.route, racer.target, self.providers,

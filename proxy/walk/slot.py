@@ -13,7 +13,7 @@ from ..state import TargetState
 from ..state.limiter import Limiter
 from .transport import Upstream
 
-__all__ = ["Slot"]
+__all__ = ["Reservation", "Slot"]
 
 
 class Slot:
@@ -69,3 +69,28 @@ class Slot:
             self.limiter.release()
         if self._probe and not self.heard:
             self.ts.breaker.abandon_probe()
+
+
+class Reservation:
+    """A racer counted in flight from the moment it is started, until its attempt counts itself.
+
+    Requests planned between a racer's start and its task's first run (a burst that arrived
+    together) must see the target as busy, or they all lead with the same unmeasured target.
+    The racer's task gives the count back first thing, before its attempt's Slot takes it with
+    no await in between; a task cancelled before it ever ran gives it back in a done-callback.
+    Given back once, whichever comes first."""
+
+    __slots__ = ("_buffered", "_ts")
+
+    def __init__(self, ts: TargetState, buffered: bool) -> None:
+        ts.in_flight += 1
+        ts.buffering += buffered
+        self._ts: TargetState | None = ts
+        self._buffered = buffered
+
+    def release(self) -> None:
+        ts = self._ts
+        if ts is not None:
+            self._ts = None
+            ts.in_flight -= 1
+            ts.buffering -= self._buffered

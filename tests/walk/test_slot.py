@@ -11,7 +11,7 @@ from proxy.sim.transport import SimUpstream
 from proxy.state import TargetState
 from proxy.state.breaker import PROBE
 from proxy.state.limiter import Limiter
-from proxy.walk.slot import Slot
+from proxy.walk.slot import Reservation, Slot
 
 
 def probing() -> TargetState:
@@ -67,3 +67,13 @@ async def test_a_plain_slot_leaves_someone_elses_probe_alone() -> None:
     slot.release()
     slot.release()
     assert ts.in_flight == 0 and ts.breaker.probing
+
+
+@pytest.mark.parametrize("buffered", [pytest.param(False, id="streamed"), pytest.param(True, id="buffered")])
+def test_a_racers_reservation_counts_at_once_and_gives_back_once(buffered: bool) -> None:
+    ts = TargetState()
+    reserved = Reservation(ts, buffered)
+    assert ts.in_flight == 1 and ts.buffering == int(buffered)  # seen by requests planned before its task runs
+    for _ in range(3):  # the task's first step and the done-callback both give it back
+        reserved.release()
+    assert ts.in_flight == 0 and ts.buffering == 0
