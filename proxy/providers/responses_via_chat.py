@@ -114,8 +114,7 @@ class _Chained:
         return out
 
     def finish(self) -> bytes:
-        finish = getattr(self.inner, "finish", None)
-        out = self.outer.feed(finish()) if finish is not None else b""
+        out = self.outer.feed(self.inner.finish()) if self.inner is not None else b""
         out += self.outer.finish()
         self.done, self.usage = self.outer.done, self.outer.usage
         return out

@@ -26,7 +26,7 @@ from ..observe.hub import Hub
 from ..providers.usage import priced, usage_of_body
 from ..relay import forward_headers, relay_stream
 from ..routing.decision import HEADER, Decision, header_with
-from ..routing.plan import Ask, plan
+from ..routing.plan import Ask, Refused, plan
 from ..state.tracker import BUFFERED, STREAMED
 from ..walk.race import walk_route
 from ..walk.result import Answered, Committed, Exhausted, Rejected
@@ -65,7 +65,7 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
     try:
         return await _route(request, gw, config, ex)
     except ClientError as exc:
-        decision = getattr(exc, "decision", None)
+        decision = exc.decision if isinstance(exc, Refused) else None  # routing refused it, with why
         ex.decision = decision.but(status=exc.status) if decision is not None else None
         ex.status = exc.status
         ex.error = exc.code or exc.type
