@@ -21,6 +21,7 @@ from aiohttp import web
 from .config import Config, load_config, split_listen
 from .errors import ConfigError
 from .gateway import Gateway
+from .memory import hold_mmap_threshold
 from .observe.hub import Hub
 from .sdnotify import Notifier
 from .server.app import build_app
@@ -41,6 +42,7 @@ def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     what was imported is frozen out of its scans, and its first generation is larger."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    hold_mmap_threshold()  # a large event's freed pages go back to the system (proxy/memory.py)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
