@@ -140,7 +140,7 @@ class Hedge:
     after_percentile: int | None = 90  # the leading target's own pNN of first-token samples
     max_extra: float = 0.1  # at most this share of the route's requests start a second attempt
     explore: bool = True  # exploring and measuring race the leader instead of replacing it
-    refresh_secs: float = 0.5  # under a race, a target not measured for this long is explored
+    refresh_secs: float = 0.3  # under a race, a target not measured for this long is explored
     cap: float = 4.0  # an explored loser runs on for this many times the winner's first token (routing/hedge.py)
 
 

@@ -87,22 +87,30 @@ def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: floa
     out of date (exploring costs the client nothing, so do it on time). First a target whose
     newest sample beats the leading figure while its own figure still ranks it behind (a
     recovery seen once, confirmed by the next sample instead of a wait for ``refresh``); else the
-    one whose figure is oldest, when older than ``hedge.refresh_secs``."""
+    one whose figure is oldest, when older than ``hedge.refresh_secs``.
+
+    A figure is as old as the call that measured it: its age counts from when that call started
+    (the newest sample's arrival less its own time), because the upstream answered as it was then.
+    Counted from the arrival, a slow target's refresh would come its own latency late every
+    time: a 200 ms target refreshed every 0.3 s would be looked at every 0.5 s."""
     hedge = route.hedge
     if hedge is None or not hedge.explore:
         return None
     leading = min((f for f in figures.values() if f is not None), default=None) if figures else None
+    newest_policy = _newest_policy(route.fastest)
     best: tuple[float, str] | None = None
     for t in targets:
         if state.in_flight(t.key, mode):  # one request re-measures it, not every one
             continue
-        if leading is not None and figures is not None and (fig := figures.get(t.name)) is not None \
-                and fig > leading:
-            newest = state.figure(t.key, _newest_policy(route.fastest), now, mode)
-            if newest is not None and newest < leading:
-                return t.name
         age = state.age(t.key, now, mode)
-        if age is not None and age > hedge.refresh_secs and (best is None or age > best[0]):
+        if age is None:
+            continue
+        newest = state.figure(t.key, newest_policy, now, mode)
+        if leading is not None and figures is not None and (fig := figures.get(t.name)) is not None \
+                and fig > leading and newest is not None and newest < leading:
+            return t.name
+        age += newest or 0.0
+        if age > hedge.refresh_secs and (best is None or age > best[0]):
             best = (age, t.name)
     return None if best is None else best[1]
 
