@@ -40,6 +40,8 @@ class OrderView(FigureView, ScoreView, Protocol):
 
     def age(self, key: TargetKey, now: float, mode: str = ...) -> float | None: ...
 
+    def load_fit(self, key: TargetKey, mode: str = ...) -> tuple[float, float] | None: ...
+
 
 Figures = dict[str, float | None]
 
@@ -55,7 +57,8 @@ def _recovery_policy(policy: Fastest) -> Fastest:
 def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest, now: float,
                     mode: str) -> Figures:
     """The figures ``fastest`` ranks by: the signal's, or the fast EWMA where that is under half of it;
-    with ``load_aware``, times ``load_penalty`` (the requests the target already has in flight)."""
+    with ``load_fit``, moved along the target's load line to the calls it has in flight now; with
+    ``load_aware``, times ``load_penalty`` (the requests the target already has in flight)."""
     fast = _recovery_policy(policy)
     figures: Figures = {}
     for t in targets:
@@ -64,10 +67,28 @@ def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest
             recent = state.figure(t.key, fast, now, mode)
             if recent is not None and recent * RECOVERY_FACTOR < figure:
                 figure = recent
+            if policy.load_fit:
+                figure += load_fit(policy, state, t.key, mode)
             if policy.load_aware:
                 figure *= load_penalty(policy, state.in_flight(t.key))
         figures[t.name] = figure
     return figures
+
+
+def load_fit(policy: Fastest, state: OrderView, key: TargetKey, mode: str) -> float:
+    """Seconds the load fit adds to a figure now (negative: fewer calls in flight than its samples
+    saw). A figure is the mean of samples taken at the target's usual load; a burst that lands on
+    a leader inflates it, and the leader then sits idle behind a figure of a load it no longer has.
+    The target's own slope (``state/tracker.py``) says what a call in flight costs it, so a target
+    whose time does not grow with load is not penalised, and the correction is never more than
+    the figure (the line's value at no load is at least 0)."""
+    if not policy.load_fit:
+        return 0.0
+    fitted = state.load_fit(key, mode)
+    if fitted is None:
+        return 0.0
+    slope, mean_load = fitted
+    return policy.load_weight * slope * (max(state.in_flight(key) - mean_load, -mean_load))
 
 
 def load_penalty(policy: Fastest, in_flight: int) -> float:

@@ -15,7 +15,7 @@ from ..config import Route, Target
 from ..errors import error_body
 from ..gateway import Gateway
 from ..observe.hub import Hub
-from ..routing.ordering import load_penalty
+from ..routing.ordering import load_fit, load_penalty
 from ..routing.plan import Ask, plan
 from ..routing.score import score_targets
 from ..state.tracker import MODES, STREAMED
@@ -95,6 +95,8 @@ async def health(request: web.Request) -> web.Response:
                 "in_flight": 0 if ts is None else ts.in_flight,
                 # what load-aware fastest multiplies the figure by now (1 when it is off)
                 "load_penalty": round(load_penalty(route.fastest, 0 if ts is None else ts.in_flight), 3),
+                # seconds the load fit moves the streamed figure by now (0 when it is off)
+                "load_fit_s": round(load_fit(route.fastest, gw.state, target.key, STREAMED), 4),
             })
     return json_response({"targets": out})
 
@@ -133,6 +135,7 @@ async def explain(request: web.Request) -> web.Response:
             **{m: {k: v for k, v in f.items() if k != "age_s"} for m, f in figures.items()},
             "in_flight": gw.state.in_flight(target.key),
             "load_penalty": round(load_penalty(route.fastest, gw.state.in_flight(target.key)), 3),
+            "load_fit_s": round(load_fit(route.fastest, gw.state, target.key, mode), 4),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
             **signals.get(target.name, {}),

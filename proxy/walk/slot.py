@@ -17,7 +17,7 @@ __all__ = ["Slot"]
 
 
 class Slot:
-    __slots__ = ("_buffered", "_counted", "_held", "_probe", "heard", "limiter", "released", "ts", "upstream")
+    __slots__ = ("_buffered", "_counted", "_held", "_probe", "heard", "limiter", "load", "released", "ts", "upstream")
 
     def __init__(self, ts: TargetState, limiter: Limiter | None, probe: bool, buffered: bool = False) -> None:
         self.ts = ts
@@ -29,6 +29,7 @@ class Slot:
         self.heard = False  # the breaker heard this attempt's success or failure
         self.upstream: Upstream | None = None  # the call, once sent
         self.released = False
+        self.load = 0  # the target's other attempts in flight when this one was counted (the load fit)
 
     async def queue(self) -> None:
         """Wait for a place under the provider's limit (only when it has one: a coroutine per
@@ -42,6 +43,7 @@ class Slot:
         """Count the call in flight, once it holds its place: a call still queued is not, for
         the planner must not see it as load on the target."""
         ts = self.ts
+        self.load = ts.in_flight
         ts.in_flight += 1
         ts.buffering += self._buffered
         self._counted = True

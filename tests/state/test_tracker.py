@@ -71,3 +71,32 @@ def test_samples_age_and_retain() -> None:
 def test_memory_is_bounded() -> None:
     tr = tracker(*([0.5] * (MAX_WINDOW + 10)))
     assert tr.samples(KEY) == MAX_WINDOW
+
+
+@pytest.mark.parametrize(
+    ("points", "fit"),
+    [
+        pytest.param((), None, id="no-samples-no-fit"),
+        pytest.param(((0, 0.02), (4, 0.10)) * 20, (0.02, 2.0), id="time-grows-two-hundredths-a-call"),
+        pytest.param(((0, 0.05), (4, 0.05)) * 20, (0.0, 2.0), id="time-that-does-not-grow-with-load-has-no-slope"),
+        pytest.param(((0, 0.10), (4, 0.02)) * 20, (0.0, 2.0), id="a-falling-line-is-no-negative-slope"),
+        pytest.param(((3, 0.02), (3, 0.10)) * 20, (0.0, 3.0), id="a-load-that-never-varied-says-nothing"),
+    ],
+)
+def test_the_load_fit_is_a_line_of_time_against_calls_in_flight(points: tuple[tuple[int, float], ...],
+                                                                  fit: tuple[float, float] | None) -> None:
+    tr = Tracker(stale_after=300)
+    for load, secs in points:
+        tr.record(KEY, secs, 100.0, load=load)
+    got = tr.load_fit(KEY)
+    # Exponentially weighted: the newest alternation weighs a little more, so the mean load sits near 2.
+    assert got == (None if fit is None else (pytest.approx(fit[0], abs=2e-3), pytest.approx(fit[1], abs=0.2)))
+
+
+def test_a_censored_sample_without_a_load_is_no_point_on_the_line_and_an_expired_series_forgets_it() -> None:
+    tr = Tracker(stale_after=300)
+    tr.record(KEY, 0.02, 100.0, load=0)
+    tr.record(KEY, 5.0, 100.0)  # a lower bound (race.py's cut): a figure's sample, not the fit's
+    assert tr.load_fit(KEY) == (0.0, 0.0)
+    tr.record(KEY, 0.5, 1000.0, load=6)  # 900 s later: the series restarts, the fit too
+    assert tr.load_fit(KEY) == (0.0, 6.0)
