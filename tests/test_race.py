@@ -265,6 +265,9 @@ async def test_a_racer_counts_in_flight_from_its_start_so_a_cold_burst_spreads(u
     a, b, c = Timed(first=0.3), Timed(first=0.3), Timed(first=0.3)
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b, "c": c}, strategy="fastest",
                               fastest={"explore": 0}, hedge={"after": 5})
+    # No token to race with: only the free first measures race (a free measure spends none, so the
+    # start's token would let the third request race too and start c a second time).
+    p.gateway.state.budget("chat", 0.1).tokens = 0.0
     sessions = [aiohttp.ClientSession() for _ in range(3)]
     try:
         for session in sessions:  # open each connection first, so the three requests arrive together
