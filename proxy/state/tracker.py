@@ -41,6 +41,7 @@ class Series:
     newest_at: float | None = None
     ewma: dict[float, float] = field(default_factory=dict)
     moments: list[float] | None = None  # the load fit: weighted means of n, x, n*n, n*x (n in flight, x a sample)
+    load_slope: float = 0.0  # the last slope the fit could see
 
     def fit(self, load: int, seconds: float) -> None:
         m = self.moments
@@ -55,14 +56,16 @@ class Series:
 
     def slope(self) -> tuple[float, float] | None:
         """Seconds one more call in flight adds, and the mean load the samples saw. Never below 0:
-        a target does not speed up with load, so a falling line is a shift in time, not load."""
+        a target does not speed up with load, so a falling line is a shift in time, not load. While
+        the load barely varies the last slope seen stands: a leader held at three calls in flight
+        says nothing new of its slope, and forgetting it (0) sent a whole burst onto it at once."""
         m = self.moments
         if m is None:
             return None
         variance = m[2] - m[0] * m[0]
-        if variance < FIT_MIN_VARIANCE:
-            return 0.0, m[0]
-        return max(0.0, (m[3] - m[0] * m[1]) / variance), m[0]
+        if variance >= FIT_MIN_VARIANCE:
+            self.load_slope = max(0.0, (m[3] - m[0] * m[1]) / variance)
+        return self.load_slope, m[0]
 
     def add(self, seconds: float, now: float, stale_after: float) -> None:
         if self.newest_at is not None and now - self.newest_at > stale_after:
@@ -70,6 +73,7 @@ class Series:
             self.samples.clear()
             self.ewma.clear()
             self.moments = None
+            self.load_slope = 0.0
         self.samples.append(seconds)
         self.count += 1
         self.newest_at = now

@@ -100,3 +100,14 @@ def test_a_censored_sample_without_a_load_is_no_point_on_the_line_and_an_expired
     assert tr.load_fit(KEY) == (0.0, 0.0)
     tr.record(KEY, 0.5, 1000.0, load=6)  # 900 s later: the series restarts, the fit too
     assert tr.load_fit(KEY) == (0.0, 6.0)
+
+
+def test_a_load_that_stops_varying_keeps_the_last_slope_seen() -> None:
+    tr = Tracker(stale_after=300)
+    for load, secs in ((0, 0.02), (4, 0.10)) * 20:
+        tr.record(KEY, secs, 100.0, load=load)
+    assert tr.load_fit(KEY)[0] == pytest.approx(0.02, abs=2e-3)  # type: ignore[index]
+    for _ in range(100):  # held at three in flight: the variance fades, the slope does not
+        tr.record(KEY, 0.08, 100.0, load=3)
+    slope, mean = tr.load_fit(KEY)  # type: ignore[misc]
+    assert slope == pytest.approx(0.02, abs=2e-3) and mean == pytest.approx(3.0, abs=0.01)
