@@ -30,6 +30,7 @@ BUFFERED = "buffered"
 MODES = (STREAMED, BUFFERED)
 FIT_ALPHA = 0.1  # the load fit forgets as the default figure does (fastest.alpha)
 FIT_MIN_VARIANCE = 0.25  # in-flight counts varying less than this say nothing of a slope
+FIT_CLIP = 3.0  # a sample over this many times the fit's mean is a tail event (a stall), not load
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class Series:
             self.moments = [load, seconds, load * load, load * seconds]
             return
         a = FIT_ALPHA
+        seconds = min(seconds, FIT_CLIP * m[1])  # one 1.5 s stall would read as half a second per call
         m[0] += a * (load - m[0])
         m[1] += a * (seconds - m[1])
         m[2] += a * (load * load - m[2])

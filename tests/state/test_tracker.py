@@ -111,3 +111,13 @@ def test_a_load_that_stops_varying_keeps_the_last_slope_seen() -> None:
         tr.record(KEY, 0.08, 100.0, load=3)
     slope, mean = tr.load_fit(KEY)  # type: ignore[misc]
     assert slope == pytest.approx(0.02, abs=2e-3) and mean == pytest.approx(3.0, abs=0.01)
+
+
+def test_a_stall_enters_the_load_fit_at_three_times_its_mean() -> None:
+    tr = Tracker(stale_after=300)
+    for load, secs in ((10, 0.02), (12, 0.02)) * 20:  # a flat 20 ms at any load
+        tr.record(KEY, secs, 100.0, load=load)
+    tr.record(KEY, 1.5, 100.0, load=12)  # a stall (the stall scenario's): a tail event, not load
+    slope, _ = tr.load_fit(KEY)  # type: ignore[misc]
+    assert slope < 0.01  # unclipped, this one sample reads as 0.13 s per call in flight
+    assert tr.figure(KEY, Fastest(), 100.0) > 0.1  # the figure itself still sees the whole stall
