@@ -336,7 +336,8 @@ async def test_health_lists_every_target_with_its_fields(upstreams, proxy):
     unmeasured = {"figure_s": None, "samples": 0, "age_s": None}
     assert a == {"route": "chat", "target": "a", "provider": "a", "model": "model-a",
                  "streamed": unmeasured, "buffered": unmeasured, "breaker": "open", "seconds_left": 26.0,
-                 "cooling_s": 0.0, "failures": 1, "in_flight": 0, "load_penalty": 1.0}
+                 "cooling_s": 0.0, "failures": 1, "in_flight": 0, "load_penalty": 1.0,
+                 "load_fit_s": 0.0}
     assert (b["breaker"], b["failures"]) == ("closed", 0)
     assert b["buffered"] == {"figure_s": 0.0, "samples": 1, "age_s": 4.0}  # the call was buffered
     assert b["streamed"] == unmeasured

@@ -279,6 +279,9 @@ async def test_a_racer_counts_in_flight_from_its_start_so_a_cold_burst_spreads(u
     a, b, c = Timed(first=0.3), Timed(first=0.3), Timed(first=0.3)
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b, "c": c}, strategy="fastest",
                               fastest={"explore": 0}, hedge={"after": 5})
+    # No token to race with: only the free first measures race (a free measure spends none, so the
+    # start's token would let the third request race too and start c a second time).
+    p.gateway.state.budget("chat", 0.1).tokens = 0.0
     sessions = [aiohttp.ClientSession() for _ in range(3)]
     try:
         for session in sessions:  # open each connection first, so the three requests arrive together
@@ -369,3 +372,36 @@ async def test_a_request_is_refused_by_the_budget_at_most_once(upstreams, proxy)
     assert status == 200
     assert [role for _, role in d.race] == ["budget exhausted"], headers["x-route-decision"]
     assert budget.refused == 1
+
+
+async def test_a_free_first_measure_leaves_the_budget_for_the_next_race(upstreams, proxy):
+    # A cold route: the first request measures a beside b for free (nobody is measuring a), so the
+    # bucket's one start token is still there for the next race of the cold burst.
+    a, b, c = Timed(first=0.05), Timed(first=0.05), Timed(first=0.05)
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b, "c": c}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 0})
+    status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200
+    assert [role for _, role in d.race] == ["measure", "leader"], headers["x-route-decision"]
+    assert p.gateway.state.budget("chat", 0).tokens == 1.0  # the start's token, unspent
+    await settle(a, b, c, want=2)
+
+
+async def test_an_idle_leader_whose_figure_a_burst_inflated_is_ranked_by_its_load_line(upstreams, proxy):
+    # a answered in 0.02 s idle and 0.10 s with four others in flight (figure about 0.06 s); b takes
+    # 0.05 s at any load. Idle now, a is worth 0.02 s: it leads, and /v1/health shows the correction.
+    a, b = Timed(first=0.02, text="from-a"), Timed(first=0.05, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5})
+    now = p.gateway.clock()
+    for load, secs_a, secs_b in ((0, 0.02, 0.05), (4, 0.10, 0.05)) * 20:
+        p.gateway.state.tracker.record(("a", "m"), secs_a, now, load=load)
+        p.gateway.state.tracker.record(("b", "m"), secs_b, now, load=load)
+    status, health = await p.get("/v1/health")
+    fits = {t["target"]: t["load_fit_s"] for t in health["targets"]}
+    assert fits["a"] == pytest.approx(-0.04, abs=0.005) and fits["b"] == 0.0
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "a" and d.order_names[0] == "a", headers["x-route-decision"]
+    assert b"from-a" in body

@@ -109,3 +109,23 @@ def test_duplicates_and_the_served_cost_read_the_race(pool: ModuleType) -> None:
     assert pool.oracle(loaded, at, 1.0) == ("A", 15)
     assert pool.oracle(loaded, at, 1.0, {"A": 3, "B": 0, "C": 0}) == ("A", 39)
     assert pool.oracle(loaded, at, 1.0, {"A": 4, "B": 0, "C": 0}) == ("B", 40)  # the oracle's own load counts
+
+
+def test_under_load_x_choice_counts_the_calls_still_waiting_at_the_target(pool: ModuleType) -> None:
+    scenario = {"A": {"first_chunk_ms": 15, "load_ms": 8}, "B": {"first_chunk_ms": 40}, "C": {"first_chunk_ms": 60}}
+    zero = {n: 0.0 for n in "ABC"}
+    done = [  # three calls on A begun together, each waiting for its first chunk when the next began
+        {"t": 0.000, "ok": True, "served": "A", "attempts": (("A", "200 0.015s"),), "race": ()},
+        {"t": 0.001, "ok": True, "served": "A", "attempts": (("A", "200 0.023s"),), "race": ()},
+        {"t": 0.002, "ok": True, "served": "A", "attempts": (("A", "200 0.031s"),), "race": ()},
+        # later, A idle again: B leads and A's hedge, 0.02 s on, serves; the leader's span is B's
+        {"t": 0.100, "ok": True, "served": "A", "attempts": (("B", "lost 0.035s"), ("A", "200 0.015s")),
+         "race": (("B", "leader"), ("A", "hedge 0.02s"))},
+        {"t": 0.200, "ok": True, "served": "B", "attempts": (("B", "200 0.04s"),), "race": ()},
+    ]
+    pool.loaded_choice(done, scenario, zero, 10.0)
+    assert [c["served_ms"] for c in done] == [15, 23, 31, pytest.approx(15 + 20), 40]
+    # Its ratio is to the measured oracle's expected time (its own waiting counted), not to A's idle 15 ms.
+    oracle_run = pool.summarise(calls("A", [45.0] * 10, oracle_ms=40.0, served_ms=40.0), None, None, True)
+    run = pool.summarise(calls("A", [50.0] * 10, oracle_ms=15.0, served_ms=44.0), None, oracle_run, True)
+    assert (oracle_run["choice_vs_sched"], run["choice_vs_sched"]) == (1.0, pytest.approx(44.0 / 40.0))

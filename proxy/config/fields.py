@@ -83,8 +83,11 @@ class Reader:
             return self._refuse(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {show(value)}", default)
         return value
 
-    def flag(self, data: dict[str, Any], key: str, path: str, default: bool) -> bool:
+    def flag(self, data: dict[str, Any], key: str, path: str, default: bool | None) -> bool:
+        """A true/false key; a ``None`` default (left unset: decided by the caller) stays None."""
         value = data.get(key, default)
+        if value is None and key not in data:
+            return value  # type: ignore[return-value]
         if not isinstance(value, bool):
             return bool(self._refuse(f"{path}.{key}", f"expected true or false, got {value!r}", default))
         return value

@@ -7,7 +7,7 @@ changes here and nowhere else. Nothing here reads files or the environment.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "AZURE_API_VERSION",
@@ -130,6 +130,9 @@ class Fastest:
     unknown_quality: float = 0.5
     load_aware: bool = False  # rank by figure x (1 + load_weight x requests in flight)
     load_weight: float = 1.0
+    # move a figure along the target's own fitted time-against-load line (docs/adr/0008); None: the
+    # reader's default, on for a route with ``hedge``
+    load_fit: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,7 @@ class Hedge:
     after_percentile: int | None = 90  # the leading target's own pNN of first-token samples
     max_extra: float = 0.1  # at most this share of the route's requests start a second attempt
     explore: bool = True  # exploring and measuring race the leader instead of replacing it
-    refresh_secs: float = 0.5  # under a race, a target not measured for this long is explored
+    refresh_secs: float = 0.3  # under a race, a target not measured for this long is explored
     cap: float = 4.0  # an explored loser runs on for this many times the winner's first token (routing/hedge.py)
 
 
@@ -171,6 +174,10 @@ class Route:
     cooldown: Cooldown = Cooldown()
     score: ScoreWeights = ScoreWeights()
     hedge: Hedge | None = None
+
+    def __post_init__(self) -> None:
+        if self.fastest.load_fit is None:  # unset: on under a race (docs/adr/0008), off as before without one
+            object.__setattr__(self, "fastest", replace(self.fastest, load_fit=self.hedge is not None))
 
     def target(self, name: str) -> Target | None:
         for target in self.targets:

@@ -70,7 +70,7 @@ _FASTEST: dict[str, Spec] = {
     "min_samples": Num(low=1, integer=True), "max_age_secs": Num(low=0.001), "explore": Num(low=0, high=1),
     "seed": Num(integer=True), "quality_weight": Num(low=0, high=1), "latency_target_ms": Num(low=0.001),
     "unknown_quality": Num(low=0, high=1), "load_aware": Flag(), "load_weight": Num(low=0, high=100),
-}
+    "load_fit": Flag()}  # unset, load_fit stays None: the Route's default (on with a hedge)
 _COOLDOWN: dict[str, Spec] = {"failures": Num(low=1, integer=True), "secs": Num(low=0.001, high=300)}
 _SCORE: dict[str, Spec] = {k: Num(low=0) for k in ("speed", "cost", "health", "quality")}
 _CONNECTIONS: dict[str, Spec] = {

@@ -40,6 +40,8 @@ class OrderView(FigureView, ScoreView, Protocol):
 
     def age(self, key: TargetKey, now: float, mode: str = ...) -> float | None: ...
 
+    def load_fit(self, key: TargetKey, mode: str = ...) -> tuple[float, float] | None: ...
+
 
 Figures = dict[str, float | None]
 
@@ -55,7 +57,8 @@ def _recovery_policy(policy: Fastest) -> Fastest:
 def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest, now: float,
                     mode: str) -> Figures:
     """The figures ``fastest`` ranks by: the signal's, or the fast EWMA where that is under half of it;
-    with ``load_aware``, times ``load_penalty`` (the requests the target already has in flight)."""
+    with ``load_fit``, moved along the target's load line to the calls it has in flight now; with
+    ``load_aware``, times ``load_penalty`` (the requests the target already has in flight)."""
     fast = _recovery_policy(policy)
     figures: Figures = {}
     for t in targets:
@@ -64,10 +67,28 @@ def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest
             recent = state.figure(t.key, fast, now, mode)
             if recent is not None and recent * RECOVERY_FACTOR < figure:
                 figure = recent
+            if policy.load_fit:
+                figure += load_fit(policy, state, t.key, mode)
             if policy.load_aware:
                 figure *= load_penalty(policy, state.in_flight(t.key))
         figures[t.name] = figure
     return figures
+
+
+def load_fit(policy: Fastest, state: OrderView, key: TargetKey, mode: str) -> float:
+    """Seconds the load fit adds to a figure now (negative: fewer calls in flight than its samples
+    saw). A figure is the mean of samples taken at the target's usual load; a burst that lands on
+    a leader inflates it, and the leader then sits idle behind a figure of a load it no longer has.
+    The target's own slope (``state/tracker.py``) says what a call in flight costs it, so a target
+    whose time does not grow with load is not penalised, and the correction is never more than
+    the figure (the line's value at no load is at least 0)."""
+    if not policy.load_fit:
+        return 0.0
+    fitted = state.load_fit(key, mode)
+    if fitted is None:
+        return 0.0
+    slope, mean_load = fitted
+    return policy.load_weight * slope * (max(state.in_flight(key) - mean_load, -mean_load))
 
 
 def load_penalty(policy: Fastest, in_flight: int) -> float:
@@ -87,22 +108,30 @@ def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: floa
     out of date (exploring costs the client nothing, so do it on time). First a target whose
     newest sample beats the leading figure while its own figure still ranks it behind (a
     recovery seen once, confirmed by the next sample instead of a wait for ``refresh``); else the
-    one whose figure is oldest, when older than ``hedge.refresh_secs``."""
+    one whose figure is oldest, when older than ``hedge.refresh_secs``.
+
+    A figure is as old as the call that measured it: its age counts from when that call started
+    (the newest sample's arrival less its own time), because the upstream answered as it was then.
+    Counted from the arrival, a slow target's refresh would come its own latency late every
+    time: a 200 ms target refreshed every 0.3 s would be looked at every 0.5 s."""
     hedge = route.hedge
     if hedge is None or not hedge.explore or len(targets) < 2:
         return None  # alone, a target has nobody to race: exploring it would change nothing
     leading = min((f for f in figures.values() if f is not None), default=None) if figures else None
+    newest_policy = _newest_policy(route.fastest)
     best: tuple[float, str] | None = None
     for t in targets:
         if state.in_flight(t.key, mode):  # one request re-measures it, not every one
             continue
-        if leading is not None and figures is not None and (fig := figures.get(t.name)) is not None \
-                and fig > leading:
-            newest = state.figure(t.key, _newest_policy(route.fastest), now, mode)
-            if newest is not None and newest < leading:
-                return t.name
         age = state.age(t.key, now, mode)
-        if age is not None and age > hedge.refresh_secs and (best is None or age > best[0]):
+        if age is None:
+            continue
+        newest = state.figure(t.key, newest_policy, now, mode)
+        if leading is not None and figures is not None and (fig := figures.get(t.name)) is not None \
+                and fig > leading and newest is not None and newest < leading:
+            return t.name
+        age += newest or 0.0
+        if age > hedge.refresh_secs and (best is None or age > best[0]):
             best = (age, t.name)
     return None if best is None else best[1]
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from ..errors import error_body
 from ..gateway import Gateway
 from ..observe.hub import Hub
-from ..routing.ordering import load_penalty
+from ..routing.ordering import load_fit, load_penalty
 from ..routing.plan import Ask, plan
 from ..routing.score import score_targets
 from ..state.snapshot import TargetFigures
@@ -69,13 +69,14 @@ def _figures(figures: TargetFigures) -> dict[str, Any]:
 
 
 async def health(request: web.Request) -> web.Response:
-    """Every target of every route: figures per mode, breaker, failures, in flight; read from the
-    state's snapshot, like the metrics scrape, never from the live state."""
+    """Every target of every route: figures per mode, breaker, failures, in flight, read from the
+    state's snapshot like the metrics scrape."""
     gw = request.app[GATEWAY]
     config = gw.config
     out = []
     for figures in gw.state.snapshot(config, gw.clock()):
         target, h = figures.target, figures.health
+        fastest = config.routes[figures.route].fastest
         out.append({
             "route": figures.route,
             "target": target.name,
@@ -88,7 +89,10 @@ async def health(request: web.Request) -> web.Response:
             "failures": h.failures,  # consecutive failover-safe failures
             "in_flight": figures.in_flight,
             # what load-aware fastest multiplies the figure by now (1 when it is off)
-            "load_penalty": round(load_penalty(config.routes[figures.route].fastest, figures.in_flight), 3),
+            "load_penalty": round(load_penalty(fastest, figures.in_flight), 3),
+            # seconds the load fit moves the streamed figure by now (0 when it is off): the planner's
+            # own pure function, reading the state as the planner does
+            "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
         })
     return json_response({"targets": out})
 
@@ -128,6 +132,7 @@ async def explain(request: web.Request) -> web.Response:
             **{m: {k: v for k, v in f.items() if k != "age_s"} for m, f in figures.items()},
             "in_flight": taken[target.name].in_flight,
             "load_penalty": round(load_penalty(route.fastest, taken[target.name].in_flight), 3),
+            "load_fit_s": round(load_fit(route.fastest, gw.state, target.key, mode), 4),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
             **signals.get(target.name, {}),

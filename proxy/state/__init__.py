@@ -64,6 +64,9 @@ class State:
     def age(self, key: TargetKey, now: float, mode: str = STREAMED) -> float | None:
         return self.tracker.age(key, now, mode)
 
+    def load_fit(self, key: TargetKey, mode: str = STREAMED) -> tuple[float, float] | None:
+        return self.tracker.load_fit(key, mode)
+
     def success_share(self, key: TargetKey) -> float | None:
         ts = self.targets.get(key)
         if ts is None or not ts.history:

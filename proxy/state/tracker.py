@@ -9,6 +9,11 @@ A streamed call's sample is its first token; a buffered call's is its whole
 answer, which grows with the answer's length. The two clocks never share a
 series: a target measured in one mode only is unmeasured in the other
 (docs/adr/0007).
+
+A sample the walker took with the count of other attempts the target had in flight also feeds a
+least-squares line of time against that load (exponentially weighted moments, ``FIT_ALPHA``): its
+slope is what one more call in flight costs this target, the load-fitted figure's correction
+(``fastest.load_fit``, docs/adr/0008). A target whose load barely varied has no slope.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ MAX_WINDOW = 10000
 STREAMED = "streamed"
 BUFFERED = "buffered"
 MODES = (STREAMED, BUFFERED)
+FIT_ALPHA = 0.1  # the load fit forgets as the default figure does (fastest.alpha)
+FIT_MIN_VARIANCE = 0.25  # in-flight counts varying less than this say nothing of a slope
+FIT_CLIP = 3.0  # a sample over this many times the fit's mean is a tail event (a stall), not load
 
 
 @dataclass(slots=True)
@@ -33,12 +41,41 @@ class Series:
     count: int = 0
     newest_at: float | None = None
     ewma: dict[float, float] = field(default_factory=dict)
+    moments: list[float] | None = None  # the load fit: weighted means of n, x, n*n, n*x (n in flight, x a sample)
+    load_slope: float = 0.0  # the last slope the fit could see
+
+    def fit(self, load: int, seconds: float) -> None:
+        m = self.moments
+        if m is None:
+            self.moments = [load, seconds, load * load, load * seconds]
+            return
+        a = FIT_ALPHA
+        seconds = min(seconds, FIT_CLIP * m[1])  # one 1.5 s stall would read as half a second per call
+        m[0] += a * (load - m[0])
+        m[1] += a * (seconds - m[1])
+        m[2] += a * (load * load - m[2])
+        m[3] += a * (load * seconds - m[3])
+
+    def slope(self) -> tuple[float, float] | None:
+        """Seconds one more call in flight adds, and the mean load the samples saw. Never below 0:
+        a target does not speed up with load, so a falling line is a shift in time, not load. While
+        the load barely varies the last slope seen stands: a leader held at three calls in flight
+        says nothing new of its slope, and forgetting it (0) sent a whole burst onto it at once."""
+        m = self.moments
+        if m is None:
+            return None
+        variance = m[2] - m[0] * m[0]
+        if variance >= FIT_MIN_VARIANCE:
+            self.load_slope = max(0.0, (m[3] - m[0] * m[1]) / variance)
+        return self.load_slope, m[0]
 
     def add(self, seconds: float, now: float, stale_after: float) -> None:
         if self.newest_at is not None and now - self.newest_at > stale_after:
             # An expired figure restarts: old samples describe another moment.
             self.samples.clear()
             self.ewma.clear()
+            self.moments = None
+            self.load_slope = 0.0
         self.samples.append(seconds)
         self.count += 1
         self.newest_at = now
@@ -69,12 +106,22 @@ class Tracker:
         self.stale_after = stale_after
         self.modes: dict[str, dict[TargetKey, Series]] = {mode: {} for mode in MODES}
 
-    def record(self, key: TargetKey, seconds: float, now: float, mode: str = STREAMED) -> None:
+    def record(self, key: TargetKey, seconds: float, now: float, mode: str = STREAMED,
+               load: int | None = None) -> None:
+        """One sample; ``load`` (the target's other attempts in flight when it started) also feeds
+        the load fit. A censored lower bound comes without one: it is no point on the line."""
         by_key = self.modes[mode]
         series = by_key.get(key)
         if series is None:
             series = by_key[key] = Series()
         series.add(seconds, now, self.stale_after)
+        if load is not None:
+            series.fit(load, seconds)
+
+    def load_fit(self, key: TargetKey, mode: str = STREAMED) -> tuple[float, float] | None:
+        """The target's load slope (seconds per call in flight) and the mean load of its samples."""
+        series = self.modes[mode].get(key)
+        return None if series is None else series.slope()
 
     def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
         """The target's figure in ``mode`` under a route's policy, or None while it counts as unmeasured."""

@@ -121,7 +121,7 @@ class Race:
         if together > 1 and len(self.queue) > 1:
             first_reason = decision.first_reason
             free = self._first_measure(first_reason)
-            if self.budget.withdraw(count=not free) or free:
+            if free or self.budget.withdraw():
                 # The plan's first is the explored (or unmeasured) target: it races in a task and
                 # is measured; the next in the order leads, inline.
                 explored = self._start(measuring=True)

@@ -17,7 +17,7 @@ __all__ = ["Reservation", "Slot"]
 
 
 class Slot:
-    __slots__ = ("_buffered", "_counted", "_held", "_probe", "heard", "limiter", "released", "ts", "upstream")
+    __slots__ = ("_buffered", "_counted", "_held", "_probe", "heard", "limiter", "load", "released", "ts", "upstream")
 
     def __init__(self, ts: TargetState, limiter: Limiter | None, probe: bool, buffered: bool = False) -> None:
         self.ts = ts
@@ -29,7 +29,9 @@ class Slot:
         self.heard = False  # the breaker heard this attempt's success or failure
         self.upstream: Upstream | None = None  # the call, once sent
         self.released = False
+        self.load = 0  # the target's other attempts in flight when this one was counted (the load fit)
         if limiter is None:  # nothing to wait for: in flight from its admission (as _count, inline)
+            self.load = ts.in_flight
             ts.in_flight += 1
             ts.buffering += buffered
             self._counted = True
@@ -47,6 +49,7 @@ class Slot:
         """Count the call in flight, once it holds its place: a call still queued is not, for
         the planner must not see it as load on the target."""
         ts = self.ts
+        self.load = ts.in_flight
         ts.in_flight += 1
         ts.buffering += self._buffered
         self._counted = True

@@ -268,7 +268,7 @@ class Walker:
             self._failed(trail, aim, slot.ts, INVALID_BODY, started)  # not the success it claims
             return INVALID_BODY
         ttfc = now - started
-        self.state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED)
+        self.state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
         slot.ts.breaker.success()
         slot.ts.history.append(True)
         attempt = Attempt(target.name, str(status), ttfc, False, ttfc)

@@ -78,6 +78,8 @@ def test_every_problem_at_once_with_its_path() -> None:
                      id="p50-window"),
         pytest.param({"cooldown": {"secs": 301}}, "routes.chat.cooldown.secs: must be at most 300, got 301",
                      id="cooldown-cap"),
+        pytest.param({"fastest": {"load_fit": "on"}}, "routes.chat.fastest.load_fit: expected true or false, "
+                     "got 'on'", id="load-fit-is-a-flag"),
     ],
 )
 def test_route_problems(route: dict[str, Any], problem: str) -> None:
@@ -98,6 +100,24 @@ def test_fastest_defaults_explore_and_smoothing_per_adr_0006() -> None:
     fastest = parse_config(raw, env={}).routes["chat"].fastest
     # DESIGN.md documents explore 0.1 and alpha 0.3; docs/adr/0006 records why these differ.
     assert (fastest.signal, fastest.explore, fastest.alpha) == ("ewma", 0.03, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("route", "load_fit", "refresh"),
+    [
+        pytest.param({}, False, None, id="without-hedge-no-load-fit-as-before"),
+        pytest.param({"hedge": {}}, True, 0.3, id="under-a-race-the-load-fit-is-on-and-refresh-0.3"),
+        pytest.param({"hedge": {}, "fastest": {"load_fit": False}}, False, 0.3, id="off-when-told"),
+        pytest.param({"fastest": {"load_fit": True}}, True, None, id="on-when-told-without-hedge"),
+    ],
+)
+def test_load_fit_and_refresh_defaults_per_adr_0008(route: dict[str, Any], load_fit: bool,
+                                                     refresh: float | None) -> None:
+    raw = {"providers": {"s": {"kind": "simulated"}},
+           "routes": {"chat": {"strategy": "fastest", "targets": [{"provider": "s", "model": "m"}], **route}}}
+    parsed = parse_config(raw, env={}).routes["chat"]
+    assert parsed.fastest.load_fit is load_fit
+    assert (None if parsed.hedge is None else parsed.hedge.refresh_secs) == refresh
 
 
 def test_unset_key_env_excludes_its_targets_without_a_crash() -> None:

@@ -159,6 +159,79 @@ def test_racing_order(cfg: Any, setups: tuple[Any, ...], order: str, together: i
     assert planned.together == together
 
 
+def refreshing(refresh: float = 1.0) -> Any:
+    return config("fastest", [t("a"), t("b"), t("c")], fastest={"explore": 0},
+                  hedge={"after": 1, "refresh": refresh})
+
+
+@pytest.mark.parametrize(
+    ("cfg", "setups", "order", "together"),
+    [
+        pytest.param(refreshing(), (fig("a", 0.2), fig("b", 0.3, ago=0.5), fig("c", 0.8, ago=0.5)),
+                     "c(explore 0.80s), a(0.20s), b(0.30s)", 2,
+                     id="a-slow-figure-is-as-old-as-its-calls-start"),
+        pytest.param(refreshing(), (fig("a", 0.2), fig("b", 0.3, ago=0.5), fig("c", 0.3, ago=0.5)),
+                     "a(fastest 0.20s), b(0.30s), c(0.30s)", 1,
+                     id="started-within-the-refresh-is-not-stale"),
+        pytest.param(refreshing(), (fig("a", 0.2), fig("b", 0.3, ago=0.9), fig("c", 0.8, ago=0.5)),
+                     "c(explore 0.80s), a(0.20s), b(0.30s)", 2,
+                     id="the-oldest-by-its-start-not-by-its-arrival"),
+        pytest.param(refreshing(2.0), (fig("a", 0.2), fig("b", 0.3, ago=0.9), fig("c", 0.8, ago=0.5)),
+                     "a(fastest 0.20s), b(0.30s), c(0.80s)", 1, id="the-knob-is-the-age"),
+    ],
+)
+def test_refresh_counts_a_figures_age_from_its_calls_start(cfg: Any, setups: tuple[Any, ...], order: str,
+                                                          together: int) -> None:
+    """A sample describes the upstream when its call started: a 0.8 s answer that arrived 0.5 s
+    ago measured the target 1.3 s ago, older than a 1 s refresh."""
+    state = State()
+    for setup in setups:
+        setup(state)
+    planned = plan(cfg, Ask("t1", "chat"), state, NOW, random.Random(7))
+    assert planned.decision.header() == H + order
+    assert planned.together == together
+
+
+def loaded(name: str, *points: tuple[int, float]) -> Any:
+    """Samples taken with ``load`` other calls in flight at the target: its load line."""
+
+    def setup(s: State) -> None:
+        for load, secs in points:
+            s.tracker.record((name, "m"), secs, NOW, load=load)
+
+    return setup
+
+
+# a: 0.02 s idle, 0.10 s with four others in flight (a figure of about 0.06 at a mean load of 2);
+# b: 0.05 s at any load.
+SLOPED = loaded("a", *((0, 0.02), (4, 0.10)) * 20)
+FLAT = loaded("b", *((0, 0.05), (4, 0.05)) * 20)
+C = fig("c", 0.5)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "setups", "order"),
+    [
+        pytest.param(racing(fastest={"explore": 0}), (SLOPED, FLAT, C), "a(fastest 0.02s), b(0.05s), c(0.50s)",
+                     id="an-idle-leader-is-ranked-by-its-line-at-no-load-not-by-its-loaded-figure"),
+        pytest.param(racing(fastest={"explore": 0}), (SLOPED, FLAT, C, in_flight("a", 3), in_flight("b", 3)),
+                     "b(fastest 0.05s), a(0.08s), c(0.50s)", id="a-busy-one-steps-back-a-flat-one-does-not"),
+        pytest.param(racing(fastest={"explore": 0, "load_fit": False}), (SLOPED, FLAT, C),
+                     "b(fastest 0.05s), a(0.06s), c(0.50s)", id="load-fit-off-ranks-by-the-figure"),
+        pytest.param(config("fastest", [t("a"), t("b"), t("c")], fastest={"explore": 0}), (SLOPED, FLAT, C),
+                     "b(fastest 0.05s), a(0.06s), c(0.50s)", id="off-by-default-without-hedge"),
+        pytest.param(racing(fastest={"explore": 0, "load_weight": 0.5}), (SLOPED, FLAT, C),
+                     "a(fastest 0.04s), b(0.05s), c(0.50s)", id="load-weight-scales-the-fit"),
+    ],
+)
+def test_the_load_fit_moves_a_figure_along_its_targets_line(cfg: Any, setups: tuple[Any, ...], order: str) -> None:
+    state = State()
+    for setup in setups:
+        setup(state)
+    planned = plan(cfg, Ask("t1", "chat"), state, NOW, random.Random(7))
+    assert planned.decision.header() == H + order
+
+
 def test_a_buffered_request_measures_a_target_busy_only_with_streams() -> None:
     cfg = racing()
     state = State()

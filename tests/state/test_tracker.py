@@ -71,3 +71,53 @@ def test_samples_age_and_retain() -> None:
 def test_memory_is_bounded() -> None:
     tr = tracker(*([0.5] * (MAX_WINDOW + 10)))
     assert tr.samples(KEY) == MAX_WINDOW
+
+
+@pytest.mark.parametrize(
+    ("points", "fit"),
+    [
+        pytest.param((), None, id="no-samples-no-fit"),
+        pytest.param(((0, 0.02), (4, 0.10)) * 20, (0.02, 2.0), id="time-grows-two-hundredths-a-call"),
+        pytest.param(((0, 0.05), (4, 0.05)) * 20, (0.0, 2.0), id="time-that-does-not-grow-with-load-has-no-slope"),
+        pytest.param(((0, 0.10), (4, 0.02)) * 20, (0.0, 2.0), id="a-falling-line-is-no-negative-slope"),
+        pytest.param(((3, 0.02), (3, 0.10)) * 20, (0.0, 3.0), id="a-load-that-never-varied-says-nothing"),
+    ],
+)
+def test_the_load_fit_is_a_line_of_time_against_calls_in_flight(points: tuple[tuple[int, float], ...],
+                                                                  fit: tuple[float, float] | None) -> None:
+    tr = Tracker(stale_after=300)
+    for load, secs in points:
+        tr.record(KEY, secs, 100.0, load=load)
+    got = tr.load_fit(KEY)
+    # Exponentially weighted: the newest alternation weighs a little more, so the mean load sits near 2.
+    assert got == (None if fit is None else (pytest.approx(fit[0], abs=2e-3), pytest.approx(fit[1], abs=0.2)))
+
+
+def test_a_censored_sample_without_a_load_is_no_point_on_the_line_and_an_expired_series_forgets_it() -> None:
+    tr = Tracker(stale_after=300)
+    tr.record(KEY, 0.02, 100.0, load=0)
+    tr.record(KEY, 5.0, 100.0)  # a lower bound (race.py's cut): a figure's sample, not the fit's
+    assert tr.load_fit(KEY) == (0.0, 0.0)
+    tr.record(KEY, 0.5, 1000.0, load=6)  # 900 s later: the series restarts, the fit too
+    assert tr.load_fit(KEY) == (0.0, 6.0)
+
+
+def test_a_load_that_stops_varying_keeps_the_last_slope_seen() -> None:
+    tr = Tracker(stale_after=300)
+    for load, secs in ((0, 0.02), (4, 0.10)) * 20:
+        tr.record(KEY, secs, 100.0, load=load)
+    assert tr.load_fit(KEY)[0] == pytest.approx(0.02, abs=2e-3)  # type: ignore[index]
+    for _ in range(100):  # held at three in flight: the variance fades, the slope does not
+        tr.record(KEY, 0.08, 100.0, load=3)
+    slope, mean = tr.load_fit(KEY)  # type: ignore[misc]
+    assert slope == pytest.approx(0.02, abs=2e-3) and mean == pytest.approx(3.0, abs=0.01)
+
+
+def test_a_stall_enters_the_load_fit_at_three_times_its_mean() -> None:
+    tr = Tracker(stale_after=300)
+    for load, secs in ((10, 0.02), (12, 0.02)) * 20:  # a flat 20 ms at any load
+        tr.record(KEY, secs, 100.0, load=load)
+    tr.record(KEY, 1.5, 100.0, load=12)  # a stall (the stall scenario's): a tail event, not load
+    slope, _ = tr.load_fit(KEY)  # type: ignore[misc]
+    assert slope < 0.01  # unclipped, this one sample reads as 0.13 s per call in flight
+    assert tr.figure(KEY, Fastest(), 100.0) > 0.1  # the figure itself still sees the whole stall
