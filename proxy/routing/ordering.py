@@ -60,6 +60,7 @@ def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest
     with ``load_fit``, moved along the target's load line to the calls it has in flight now; with
     ``load_aware``, times ``load_penalty`` (the requests the target already has in flight)."""
     fast = _recovery_policy(policy)
+    fit = policy.load_fit and len(targets) > 1  # a lone target is served at any load: nothing to move
     figures: Figures = {}
     for t in targets:
         figure = state.figure(t.key, policy, now, mode)
@@ -67,7 +68,7 @@ def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest
             recent = state.figure(t.key, fast, now, mode)
             if recent is not None and recent * RECOVERY_FACTOR < figure:
                 figure = recent
-            if policy.load_fit:
+            if fit:
                 figure += load_fit(policy, state, t.key, mode)
             if policy.load_aware:
                 figure *= load_penalty(policy, state.in_flight(t.key))
