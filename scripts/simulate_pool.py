@@ -41,7 +41,7 @@ its first first chunk went out). ``today-ewma`` and ``today-hedge`` with ``--tod
 one run); ``--proxy-dir DIR`` serves every run but the oracle from a variant.
 
     scripts/simulate-pool [--quick] [--race-only] [--scenarios ...] [--strategies ...] [--seconds S]
-                          [--concurrency N] [--explore 0.03] [--hedge-after p90] [--refresh 5] [--tag T]
+                          [--concurrency N] [--explore 0.03] [--hedge-after p90] [--refresh 0.3] [--tag T]
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 
-from proxy.config import Fastest
+from proxy.config import Fastest, Hedge
 from proxy.routing.decision import duplicate_calls, parse_header
 
 ROOT = bench.ROOT
@@ -593,7 +593,7 @@ def main() -> int:
     p.add_argument("--hedge-after", default=None, help="hedge.after of the hedge runs: seconds or pNN (default p90)")
     p.add_argument("--max-extra", type=float, default=None, help="hedge.max_extra of the hedge runs (default 0.1)")
     p.add_argument("--refresh", type=float, default=None,
-                   help="hedge.refresh of the hedge runs (default firstbyte's, 0.5 s)")
+                   help="hedge.refresh of the hedge runs (default firstbyte's)")
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     p.add_argument("--race-only", action="store_true",
                    help=f"only the race's scenarios ({', '.join(RACE_SCENARIOS)})")
@@ -614,7 +614,9 @@ def main() -> int:
     explore = Fastest().explore if args.explore is None else args.explore
     alpha = Fastest().alpha if args.alpha is None else args.alpha
     # firstbyte's hedge defaults, for the header line (the runs send hedge: {} and the flags)
-    hedge = {"after": "p90", "max_extra": 0.1, "refresh": 0.5, **hedge_of(args)}
+    defaults = Hedge()
+    hedge = {"after": f"p{defaults.after_percentile}" if defaults.after_percentile is not None else defaults.after_secs,
+             "max_extra": defaults.max_extra, "refresh": defaults.refresh_secs, **hedge_of(args)}
     OUT.mkdir(exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-pool-"))
     started = time.monotonic()
