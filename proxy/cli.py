@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from . import __version__
-from .config import Config, load_config
+from .config import Config, Simulate, load_config
 from .errors import ConfigError
 from .routing.eligibility import hard_reason
 
@@ -180,16 +180,17 @@ def _duration(text: str) -> float:
 
 
 def add_sim_knobs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--first-chunk-ms", type=float, default=120.0, help="mean time to the first chunk")
-    p.add_argument("--jitter-ms", type=float, default=30.0, help="uniform +/- jitter on the first chunk")
-    p.add_argument("--chunk-ms", type=float, default=10.0, help="time between chunks of a stream")
-    p.add_argument("--chunks", type=int, default=16, help="tokens (chunks) per answer")
-    p.add_argument("--fail-rate", type=float, default=0.0, help="share of calls answered with --fail-status")
-    p.add_argument("--fail-status", type=int, default=503, help="HTTP status of a simulated failure")
-    p.add_argument("--seed", type=int, default=None, help="random seed for jitter and failures")
-    p.add_argument("--stall-rate", type=float, default=0.0, help="share of calls whose first chunk stalls")
-    p.add_argument("--stall-ms", type=float, default=0.0, help="how much longer a stalled first chunk waits")
-    p.add_argument("--load-ms", type=float, default=0.0,
+    d = Simulate()  # the defaults are the model's, written once
+    p.add_argument("--first-chunk-ms", type=float, default=d.first_chunk_ms, help="mean time to the first chunk")
+    p.add_argument("--jitter-ms", type=float, default=d.jitter_ms, help="uniform +/- jitter on the first chunk")
+    p.add_argument("--chunk-ms", type=float, default=d.chunk_ms, help="time between chunks of a stream")
+    p.add_argument("--chunks", type=int, default=d.chunks, help="tokens (chunks) per answer")
+    p.add_argument("--fail-rate", type=float, default=d.fail_rate, help="share of calls answered with --fail-status")
+    p.add_argument("--fail-status", type=int, default=d.fail_status, help="HTTP status of a simulated failure")
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed for jitter and failures")
+    p.add_argument("--stall-rate", type=float, default=d.stall_rate, help="share of calls whose first chunk stalls")
+    p.add_argument("--stall-ms", type=float, default=d.stall_ms, help="how much longer a stalled first chunk waits")
+    p.add_argument("--load-ms", type=float, default=d.load_ms,
                    help="first chunk waits this much more per earlier call still waiting for its own")
 
 

@@ -12,16 +12,9 @@ outcomes (see ``classify.py``), because most of them are expected and routine.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
 
 import orjson
-
-
-class ErrorBody(TypedDict):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
 
 
 class FirstbyteError(Exception):

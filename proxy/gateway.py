@@ -1,4 +1,8 @@
-"""The running gateway: the current config, the state, the walker and the observers.
+"""The running gateway: the current config, the state, the walker, and the observers it feeds.
+
+The gateway hands finished exchanges to ``observers`` but does not own them: in
+``firstbyte serve`` the Hub builds, swaps and closes them (a test that passes its
+own closes its own).
 
 A reload swaps ``config`` in one assignment; a request reads ``gateway.config``
 once when it starts, so requests in flight finish on the config they began
@@ -121,12 +125,7 @@ class Gateway:
             self.walker.close()
         if self.costs is not None:
             await self.costs.close()
-        self.notify_observers()  # what finished during the drain is still logged
-        for observer in self.observers:
-            try:
-                await observer.close()
-            except Exception:
-                log.exception("observer %s failed to close", type(observer).__name__)
+        self.notify_observers()  # what finished during the drain reaches the observers; their owner closes them
         if self.session is not None:
             await self.session.close()
 

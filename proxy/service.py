@@ -76,8 +76,11 @@ class Service:
                     self.gateway.reload_ok = False  # firstbyte_config_last_reload_successful 0
                     return False
                 old = self.gateway.config
-                for key in ("listen", "ops_listen", "shutdown_grace", "connections"):
-                    if getattr(config, key) != getattr(old, key):
+                fixed = {"listen": (config.listen, old.listen), "ops_listen": (config.ops_listen, old.ops_listen),
+                         "shutdown_grace": (config.shutdown_grace, old.shutdown_grace),
+                         "connections": (config.connections, old.connections)}
+                for key, (new, was) in fixed.items():
+                    if new != was:
                         log.warning("%s changed: takes effect on restart", key)
                 self.gateway.apply(config)
                 self.gateway.reload_ok = True
@@ -149,7 +152,8 @@ class Service:
             for runner in self.runners:
                 await runner.cleanup()
         finally:
-            await gw.close()  # closes the observers too: the access log and ledger write out
+            await gw.close()  # hands the observers what finished during the drain
+            await self.hub.close()  # then the access log and ledger write out
             self.notifier.close()
         log.info("stopped")
         return 0

@@ -190,15 +190,19 @@ async def upstreams() -> AsyncIterator[Callable[..., Awaitable[FakeUpstream]]]:
 @pytest.fixture
 async def proxy() -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
     started: list[Proxy] = []
+    given: list[Any] = []
 
     async def start(raw: dict[str, Any], env: dict[str, str] | None = None, **kwargs: Any) -> Proxy:
         p = await Proxy(Gateway(make_config(raw, env), **kwargs)).start()
         started.append(p)
+        given.extend(kwargs.get("observers") or ())
         return p
 
     yield start
     for p in started:
         await p.stop()
+    for observer in given:  # the gateway feeds observers, their owner closes them: here, the test
+        await observer.close()
 
 
 class RawUpstream:

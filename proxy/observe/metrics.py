@@ -63,6 +63,7 @@ OUTCOME_WORDS = frozenset(
         "lost",  # a racer cancelled because another committed first
         "measured",  # a racer that lost but ran on to its own first token
         "measuring",
+        "capped",  # an explored racer cut at its cap before its own first token
     }
 )
 MAX_PENDING = 10000  # first-chunk observations held between scrapes before they are applied anyway

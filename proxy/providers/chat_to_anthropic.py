@@ -45,7 +45,6 @@ class TranslationError(FirstbyteError):
     """A request that has no faithful equivalent in the other API (answer it as a 400)."""
 
 
-# What Anthropic says when the prompt does not fit the model's context window.
 # --- request: OpenAI -> Anthropic -------------------------------------------------------------
 
 

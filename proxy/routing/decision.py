@@ -138,7 +138,11 @@ class Decision:
         """A copy with some fields changed: ``dataclasses.replace`` without its per-call introspection."""
         if "_header" not in changes and not _HEADER_FIELDS.isdisjoint(changes):
             changes["_header"] = None
-        return Decision(*[changes[name] if name in changes else getattr(self, name) for name in _FIELDS])
+        get = changes.get
+        return Decision(get("id", self.id), get("route", self.route), get("strategy", self.strategy),
+                        get("order", self.order), get("excluded", self.excluded), get("attempts", self.attempts),
+                        get("served", self.served), get("status", self.status), get("usage", self.usage),
+                        get("cost_usd", self.cost_usd), get("race", self.race), get("_header", self._header))
 
 
 def duplicate_calls(race: Sequence[tuple[str, str]]) -> int:
@@ -149,7 +153,6 @@ def duplicate_calls(race: Sequence[tuple[str, str]]) -> int:
     return started - 1 if started > 1 else 0
 
 
-_FIELDS = tuple(f for f in Decision.__dataclass_fields__)
 _HEADER_FIELDS = frozenset({"id", "route", "strategy", "order", "excluded", "attempts", "served", "race"})
 
 

@@ -57,8 +57,10 @@ class Scored:
     quality: float
     total: float
 
-    def signal(self, name: str) -> float:
-        return float(getattr(self, name))
+    @property
+    def signals(self) -> tuple[float, float, float, float]:
+        """The four signals in ``SIGNALS`` order, for comparing two candidates signal by signal."""
+        return (self.speed, self.cost, self.health, self.quality)
 
 
 def relative(values: Mapping[str, float | None]) -> dict[str, float]:
@@ -123,8 +125,9 @@ def lead_signal(weights: ScoreWeights, first: Scored, second: Scored | None) -> 
     if second is None:
         return "only"
     best, gap = "written", 0.0
-    for name in SIGNALS:
-        lead = getattr(weights, name) * (first.signal(name) - second.signal(name))
+    w = (weights.speed, weights.cost, weights.health, weights.quality)
+    for name, wi, a, b in zip(SIGNALS, w, first.signals, second.signals, strict=True):
+        lead = wi * (a - b)
         if lead > gap + 1e-12:
             best, gap = name, lead
     return best

@@ -16,7 +16,7 @@ from ..gateway import Gateway
 from ..observe.hub import Hub
 from ..routing.ordering import load_fit, load_penalty
 from ..routing.plan import Ask, plan
-from ..routing.score import score_targets
+from ..routing.score import SIGNALS, score_targets
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
 from .replies import GATEWAY, HUB, error_response, json_response, request_id
@@ -156,7 +156,7 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
     figures = {t.name: gw.state.figure(t.key, route.fastest, now, mode) for t in targets}
     scored, basis = score_targets(route.score, targets, figures, gw.state, op)
     out = {
-        s.target.name: {"signals": {k: round(s.signal(k), 4) for k in ("speed", "cost", "health", "quality")},
+        s.target.name: {"signals": {k: round(v, 4) for k, v in zip(SIGNALS, s.signals, strict=True)},
                         "score": round(s.total, 4)}
         for s in scored
     }

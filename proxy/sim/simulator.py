@@ -13,7 +13,7 @@ import heapq
 import random
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -116,9 +116,6 @@ class Simulator:
     def _first_out(self) -> None:
         if self.cold is None:
             self.cold = self.served
-
-    def with_knobs(self, **changes: Any) -> None:
-        self.knobs = replace(self.knobs, **changes)
 
 
 _JSON = {"content-type": "application/json"}

@@ -80,12 +80,6 @@ class Deadlines:
         self.timers: set[Watched] = set()
         self._swept = 0.0
 
-    def watch(self, call: Watched) -> None:
-        self.calls.add(call)
-
-    def forget(self, call: Watched) -> None:
-        self.calls.discard(call)
-
     def watch_timer(self, timer: Watched) -> None:
         self.timers.add(timer)
 

@@ -80,7 +80,7 @@ class Lease:
         if self.finished:
             return
         self.finished = True
-        self.deadlines.calls.discard(self)  # Deadlines.forget, one call fewer per stream
+        self.deadlines.calls.discard(self)
         self.slot.release()
         if failure is not None:
             ts = self.slot.ts

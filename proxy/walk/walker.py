@@ -188,7 +188,7 @@ class Walker:
         task = asyncio.current_task()
         assert task is not None
         waiting = _Waiting(task, started, provider.timeouts.first_chunk)
-        watched = self.deadlines.calls  # Deadlines.watch and forget, without two calls per attempt
+        watched = self.deadlines.calls  # the sweeper looks at this set; an attempt is in it until settled
         watched.add(waiting)
         ended: Outcome | Lease | None
         try:
@@ -278,7 +278,7 @@ class Walker:
         t = aim.provider.timeouts
         lease = Lease(target, upstream, first, aim.adapter.stream_translator(call, target), slot, started,
                       t.idle, t.total, self.clock, self.deadlines, self.background, aim.route.cooldown)
-        self.deadlines.calls.add(lease)  # Deadlines.watch, one call fewer per stream
+        self.deadlines.calls.add(lease)  # the stream's idle and total deadlines, swept from here on
         trail.answered(attempt, status, upstream.headers, lease=lease)
         return lease
 

@@ -45,8 +45,8 @@ def test_expire_due_tells_the_call_and_forgets_it() -> None:
     now = [0.0]
     deadlines = Deadlines(lambda: now[0])
     stalled, fresh = Call(0.0, 0.0, idle=1.0), Call(0.0, 0.0, idle=10.0)
-    deadlines.watch(stalled)
-    deadlines.watch(fresh)
+    deadlines.calls.add(stalled)
+    deadlines.calls.add(fresh)
     now[0] = 2.0
     assert deadlines.expire_due() == 1
     assert (stalled.expired, fresh.expired) == ("idle timeout", None)
@@ -104,7 +104,7 @@ def test_hedge_timers_fire_apart_from_the_calls() -> None:
     now = [100.0]
     deadlines = Deadlines(lambda: now[0])
     call, timer = Call(100.0, 100.0, idle=5.0), Call(100.0, None, idle=0.2, total=0.2)
-    deadlines.watch(call)
+    deadlines.calls.add(call)
     deadlines.watch_timer(timer)
     now[0] = 100.3
     assert deadlines.fire_due() == 1 and timer.expired == "total timeout"

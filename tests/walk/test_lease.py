@@ -27,7 +27,7 @@ async def leased(stream: AsyncIterator[bytes] | None = None) -> tuple[Lease, Tar
     upstream = slot.upstream = SimUpstream(200, {}, None, stream)
     lease = Lease(Target("a", "p", "m"), upstream, b"", OpenAIUsageTap(False), slot, 0.0, 60.0, 600.0,
                   lambda: 5.0, deadlines, Background(), Cooldown(failures=1, secs=30.0))
-    deadlines.watch(lease)
+    deadlines.calls.add(lease)
     return lease, ts, limiter, deadlines
 
 
