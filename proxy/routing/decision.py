@@ -53,6 +53,9 @@ PRICE = "/M"
 TOTAL = ""
 
 
+RACE_WORDS = frozenset({"lost", "measuring", "measured", "capped"})  # a racer's end, not a failure
+
+
 class Ranked(NamedTuple):
     """One candidate in the order: the word that put it first (``reason``; None behind the first)
     and the figure it was ranked by. Only the header writer turns them into text (``fastest 0.31s``),
@@ -119,14 +122,31 @@ class Decision:
 
     @property
     def failovers(self) -> int:
-        """Targets moved past before one answered (retries on one target do not count)."""
+        """Targets moved past before one answered (retries on one target do not count). Attempts
+        are in the order they started: only those before the served target's first attempt were
+        moved past; a racer that lost to it, or failed while it already ran, was not."""
         if len(self.attempts) < 2:
             return 0
-        names: list[str] = []
+        served = self.served
+        moved: list[str] = []
         for attempt in self.attempts:
-            if not names or names[-1] != attempt.name:
-                names.append(attempt.name)
-        return max(0, len(names) - 1)
+            name = attempt.name
+            if name == served:
+                return len(moved)
+            if attempt.outcome not in RACE_WORDS and name not in moved:
+                moved.append(name)
+        return max(0, len(moved) - 1)  # nobody served: the last one tried was not moved past
+
+    def as_tried(self, race: Sequence[Racer]) -> Decision:
+        """The order as the walk took it. A first that would have raced (explored, or measured
+        while unmeasured) but that the budget refused waited behind the next target, which led:
+        the header then says so, rather than naming a first that never went first."""
+        order = self.order
+        if len(order) < 2 or not race or race[0] != (order[0].name, "budget exhausted"):
+            return self
+        waited, lead = order[0], order[1]
+        first = lead._replace(reason="unmeasured" if lead.figure is None else "fastest")
+        return self.but(order=(first, waited._replace(reason=None), *order[2:]))
 
     def header(self) -> str:
         """The ``x-route-decision`` value, formatted once per record (the response and the log both ask)."""

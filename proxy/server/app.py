@@ -8,6 +8,7 @@ answered in the endpoint's dialect (``dialect.py``); every routed response carri
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import logging
@@ -35,6 +36,8 @@ from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshap
 from .ops import add_ops_routes, explain, health, model, models
 from .replies import GATEWAY, JSON, error_response, request_id
 from .request import check_model, estimate_tokens, parse_call, read_body
+
+CLIENT_CLOSED = 499  # logged, never sent: the client closed the request before its answer started
 
 log = logging.getLogger("firstbyte")
 
@@ -75,6 +78,13 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
         if exc.close_connection:
             response.force_close()
         return response
+    except asyncio.CancelledError:
+        if ex.status == 500 and ex.error is None:  # nothing was answered yet
+            # The client left before an answer started (nginx's 499), or a drain's grace ran out.
+            ex.status, ex.error = (503, "draining") if gw.draining else (CLIENT_CLOSED, "client_closed_request")
+            if ex.decision is not None:
+                ex.decision = ex.decision.but(status=ex.status)
+        raise
     finally:
         end = gw.clock()
         gw.finished(  # positional: this runs for every request (the field order is Finished's)
@@ -95,12 +105,14 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ask = Ask(ex.rid, model, request.headers.get("x-route-provider"), tokens, ex.op,
               STREAMED if call.stream else BUFFERED)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
-    decision = planned.decision
+    decision = ex.decision = planned.decision  # what is logged if the client leaves during the walk
     if not planned.targets:
         return _nothing_eligible(ex, decision, planned.unservable)
 
     assert gw.walker is not None
     walked = await walk_route(gw.walker, config.providers, planned, call)
+    if walked.race:
+        decision = decision.as_tried(walked.race)
     if not isinstance(walked, Committed):
         return _reply(gw, ex, decision, planned.route, call.op, walked)
     # A stream, relayed here rather than in a coroutine of its own (one frame fewer in the await

@@ -75,8 +75,10 @@ class State:
 
     def budget(self, route: str, share: float) -> HedgeBudget:
         budget = self.budgets.get(route)
-        if budget is None or budget.share != share:
+        if budget is None:
             budget = self.budgets[route] = HedgeBudget(share)
+        elif budget.share != share:  # a reload changed max_extra: the saved tokens stay
+            budget.share = share
         return budget
 
     def limiter(self, provider: str) -> Limiter | None:

@@ -4,32 +4,56 @@ A token bucket in the manner of gRPC's retry throttle (A6) and Finagle's backup-
 every request of the route deposits ``max_extra`` of a token, a second attempt (a hedge, or an
 explored target racing the leader) withdraws a whole one. So over any run of requests the extra
 calls stay under ``max_extra`` of them (plus the bucket's small start), and a pool that is slow
-everywhere cannot double its own load by hedging. Pure: no clock, no I/O.
+everywhere cannot double its own load by hedging. Pure: no clock, no I/O (times come in).
+
+Two kinds of extra call draw on it. A timed hedge cuts a client's tail; an exploring racer
+(a stale figure refreshed, a random explore) only learns. Learning is cheap and always
+wanted, so left alone it would spend every token before a stall needs one: an explore may
+take a token only while ``RESERVE`` more stay in the bucket, a hedge may take the last one.
+
+A target that was never measured races once for free (``free_measure``): once per target
+until a sample of it arrives. A target that fails before its first token every time (a
+wrong key, a wrong model name) never gets a sample, so it gets no second free call: it is
+explored like any other, on the budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 CAP = 5.0  # tokens a quiet route may save up for a burst of slow answers
 START = 1.0  # a cold route may race its very first request (cold starts are when it pays most)
+RESERVE = 1.0  # tokens an explore leaves in the bucket for a hedge
 
 
 class HedgeBudget:
-    __slots__ = ("refused", "share", "tokens")
+    __slots__ = ("freed", "refused", "share", "tokens")
 
     def __init__(self, share: float) -> None:
         self.share = share
         self.tokens = START
         self.refused = 0
+        self.freed: dict[Hashable, float] = {}  # (target key, mode) -> when its free measure started
+
+    def free_measure(self, key: Hashable, now: float, measured_at: float | None) -> bool:
+        """May ``key``, unmeasured, race without a token now? Yes once; again only after a sample
+        of it arrived (``measured_at``, its newest) since the last free one started."""
+        given = self.freed.get(key)
+        if given is not None and (measured_at is None or measured_at < given):
+            return False
+        self.freed[key] = now
+        return True
 
     def deposit(self) -> None:
         """One request of the route: ``share`` of a token."""
         tokens = self.tokens + self.share
         self.tokens = CAP if tokens > CAP else tokens
 
-    def withdraw(self, count: bool = True) -> bool:
-        """Take a token for one extra attempt, or say no (and count the refusal, unless this
-        request was refused once already: a request is refused at most once)."""
-        if self.tokens >= 1.0:
+    def withdraw(self, count: bool = True, keep: float = 0.0) -> bool:
+        """Take a token for one extra attempt, leaving ``keep`` (an explore leaves ``RESERVE``),
+        or say no (and count the refusal, unless this request was refused once already: a
+        request is refused at most once)."""
+        if self.tokens >= 1.0 + keep:
             self.tokens -= 1.0
             return True
         if count:

@@ -30,6 +30,7 @@ from ..providers import Call
 from ..routing.decision import Attempt, Decision, Racer
 from ..routing.hedge import hedge_delay, measure_cap
 from ..routing.plan import Plan
+from ..state.budget import RESERVE
 from ..state.tracker import BUFFERED, STREAMED
 from .deadlines import Countdown
 from .result import Trail, Walked
@@ -121,22 +122,25 @@ class Race:
         if together > 1 and len(self.queue) > 1:
             first_reason = decision.first_reason
             free = self._first_measure(first_reason)
-            if free or self.budget.withdraw():
+            if free or self.budget.withdraw(keep=RESERVE):
                 # The plan's first is the explored (or unmeasured) target: it races in a task and
                 # is measured; the next in the order leads, inline.
                 explored = self._start(measuring=True)
                 self.roles.append(Racer(explored.target.name, "explore" if first_reason == "explore" else "measure"))
                 self.roles.append(Racer(self.queue[0].name, "leader"))
                 self.hedged = True
-            elif first_reason == "explore":
-                # Exploring is free only as a race: unpaid, the explored target waits its turn
-                # behind the leader (a hedge may still start it) instead of making the client wait.
+            elif free is None:  # being measured already: it leads (a cold burst spreads), unraced
+                self.roles.append(Racer(self.queue[1].name, "budget exhausted"))
+                self.refused = True
+            else:
+                # Learning is free only as a race: unpaid, the explored target waits its turn
+                # behind the leader (a hedge may still start it) instead of making the client wait
+                # (the header's order says so: ``decision.as_tried``).
                 self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
                 self.queue.insert(1, self.queue.pop(0))
                 self.refused = True
-            else:
-                self.roles.append(Racer(self.queue[1].name, "budget exhausted"))
-                self.refused = True
+        elif decision.order and decision.order[0].reason == "pinned":
+            self.hedged = True  # a pin is the client's choice: its fallback is for failures, not for speed
         try:
             if self.queue and await self._lead(self.queue.pop(0)):
                 return self._finish(self.inline)
@@ -166,15 +170,24 @@ class Race:
                 if task is not None and not task.done() and not (racer.measuring and self._won()):
                     task.cancel()
 
-    def _first_measure(self, first_reason: str) -> bool:
+    def _first_measure(self, first_reason: str) -> bool | None:
         """An unmeasured target nobody is measuring yet races even when the budget is empty: it is
         measured once (its figure, or the lower bound of its cap, then stands), so this costs at
         most one call per target per cold start or expired figure, and without it the target
-        would serve a client alone, blind (a cold burst spends the bucket's start at once)."""
+        would serve a client alone, blind (a cold burst spends the bucket's start at once). One
+        that failed its free measure gets no second until a sample of it has arrived: a target
+        that always fails would otherwise race every request for free (``HedgeBudget.free_measure``).
+        None: it is being measured now, by another request."""
         if first_reason != "unmeasured":
             return False
         mode = STREAMED if self.call.stream else BUFFERED
-        return not self.walker.state.in_flight(self.queue[0].key, mode)
+        key = self.queue[0].key
+        state = self.walker.state
+        if state.in_flight(key, mode):
+            return None
+        now = self.walker.clock()
+        age = state.age(key, now, mode)
+        return self.budget.free_measure((key, mode), now, None if age is None else now - age)
 
     async def _lead(self, target: Target) -> bool:
         """Run ``target`` in the request's task; True when it committed first."""

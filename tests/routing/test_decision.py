@@ -171,3 +171,58 @@ def test_ranked_detail_is_written_from_its_fields(ranked: Ranked, detail: str) -
 )
 def test_first_reason_reads_the_field(order: tuple[Ranked, ...], reason: str) -> None:
     assert Decision("a1", "chat", "fastest", order).first_reason == reason
+
+
+def _tried(*attempts: tuple[str, str], served: str | None) -> Decision:
+    return Decision("a1", "chat", "fastest", (Ranked("a", "fastest", 0.1),),
+                    attempts=tuple(Attempt(name, outcome, 0.1) for name, outcome in attempts), served=served)
+
+
+@pytest.mark.parametrize(
+    ("decision", "failovers"),
+    [
+        pytest.param(_tried(("a", "503"), ("b", "200"), served="b"), 1, id="a-plain-failover"),
+        pytest.param(_tried(("a", "503"), ("a", "503"), ("b", "200"), served="b"), 1, id="retries-are-one"),
+        pytest.param(_tried(("a", "503"), ("b", "503"), served=None), 1, id="nobody-served-the-last-was-the-answer"),
+        pytest.param(_tried(("a", "200"), ("b", "lost"), served="a"), 0, id="a-hedge-that-lost"),
+        pytest.param(_tried(("a", "200"), ("b", "503"), served="a"), 0,
+                     id="a-hedge-that-failed-while-the-leader-ran"),
+        pytest.param(_tried(("c", "measuring"), ("a", "200"), served="a"), 0, id="an-explored-loser"),
+        pytest.param(_tried(("a", "lost"), ("b", "200"), served="b"), 0, id="a-leader-that-lost-the-race"),
+        pytest.param(_tried(("a", "503"), ("b", "200"), ("c", "lost"), served="b"), 1,
+                     id="a-failed-leader-before-the-winning-hedge"),
+    ],
+)
+def test_failovers_count_targets_moved_past_not_racers(decision: Decision, failovers: int) -> None:
+    assert decision.failovers == failovers
+
+
+@pytest.mark.parametrize(
+    ("order", "race", "header_order", "first_reason"),
+    [
+        pytest.param((Ranked("a", "explore", 0.3), Ranked("b", None, 0.1)), (Racer("a", "budget exhausted"),),
+                     "b(fastest 0.10s), a(0.30s)", "fastest", id="a-refused-explore-waited-behind-the-leader"),
+        pytest.param((Ranked("a", "unmeasured"), Ranked("b", None, None), Ranked("c", None, 0.2)),
+                     (Racer("a", "budget exhausted"),), "b(unmeasured), a(unmeasured), c(0.20s)", "unmeasured",
+                     id="a-refused-measure-behind-an-unmeasured-leader"),
+        pytest.param((Ranked("a", "unmeasured"), Ranked("b", None, 0.1)), (Racer("b", "budget exhausted"),),
+                     "a(unmeasured), b(0.10s)", "unmeasured", id="a-first-being-measured-led-unraced"),
+        pytest.param((Ranked("a", "explore", 0.3), Ranked("b", None, 0.1)),
+                     (Racer("a", "explore"), Racer("b", "leader")), "a(explore 0.30s), b(0.10s)", "explore",
+                     id="it-raced"),
+        pytest.param((Ranked("a", "fastest", 0.1),), (), "a(fastest 0.10s)", "fastest", id="no-race"),
+    ],
+)
+def test_the_order_says_how_the_walk_took_it(order: tuple[Ranked, ...], race: tuple[Racer, ...],
+                                             header_order: str, first_reason: str) -> None:
+    decision = Decision("a1", "chat", "fastest", order).as_tried(race)
+    assert decision.header() == f"id=a1; route=chat; strategy=fastest; order={header_order}"
+    assert decision.first_reason == first_reason
+
+
+def test_but_copies_every_field() -> None:
+    full = Decision("a1", "chat", "fastest", (Ranked("a", "fastest", 0.1),), (Excluded("x", "deny"),),
+                    (Attempt("a", "200", 0.1),), "a", 200, {"prompt_tokens": 1}, 0.5, (Racer("a", "leader"),))
+    assert full.but() == full
+    assert full.but(status=503) == Decision(*[503 if f == "status" else getattr(full, f)
+                                              for f in full.__dataclass_fields__ if f != "_header"])
