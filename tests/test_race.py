@@ -199,6 +199,8 @@ def _raw_route(route) -> dict[str, Any]:
 async def test_a_client_that_leaves_cancels_every_racer(upstreams, proxy):
     a, b = Timed(first=3.0), Timed(first=3.0)
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.1})
+    finished: list[Any] = []
+    p.gateway.observers.append(_Collect(finished))
     async with aiohttp.ClientSession() as session:
         task = asyncio.create_task(session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}))
         deadline = time.monotonic() + 2
@@ -211,6 +213,48 @@ async def test_a_client_that_leaves_cancels_every_racer(upstreams, proxy):
     await settle(a, b, want=2)
     assert (a.cut, b.cut) == (1, 1)
     assert sum(ts.in_flight for ts in p.gateway.state.targets.values()) == 0
+    await until(lambda: bool(finished))
+    # Logged as the client's leaving (nginx's 499), not as firstbyte's 500, with the plan it had.
+    [left] = finished
+    assert (left.status, left.error) == (499, "client_closed_request")
+    assert left.decision is not None and left.decision.route == "chat" and left.decision.status == 499
+
+
+async def test_a_target_that_fails_every_measure_is_not_raced_for_free(upstreams, proxy):
+    # broken answers 404 to everything (a wrong model name, say): it never gets a figure, so it
+    # stays unmeasured. Its one free first measure must not become a free race on every request.
+    calls = {"broken": 0}
+
+    async def broken(request: web.Request) -> web.StreamResponse:
+        calls["broken"] += 1
+        return web.json_response({"error": {"message": "no such model", "type": "invalid_request_error",
+                                            "param": None, "code": "model_not_found"}}, status=404)
+
+    good = Timed(first=0.01, text="good")
+    ups, p = await race_proxy(upstreams, proxy, {"broken": broken, "good": good}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 0.1})
+    requests, decisions = 40, []
+    for _ in range(requests):
+        status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+        assert status == 200 and b"good" in body, body
+        decisions.append(decision_of(headers))
+    # One free measure, then only what the budget pays for: 1 + 40 x 0.1, less the hedge's reserve.
+    assert 1 <= calls["broken"] <= 1 + requests * 0.1, calls
+    assert {d.served for d in decisions} == {"good"}
+    waited = [d for d in decisions if ("broken", "budget exhausted") in d.race]
+    assert waited, [d.race for d in decisions]
+    # A learner the budget refused waited behind the leader, and the order says so.
+    assert all(d.order_names[0] == "good" for d in waited)
+
+
+async def test_a_pinned_request_is_not_hedged(upstreams, proxy):
+    a, b = Timed(first=0.4, text="from-a"), Timed(first=0.01, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.05})
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True},
+                                         headers={"x-route-provider": "a"})
+    d = decision_of(headers)
+    assert status == 200 and b"from-a" in body and d.served == "a"
+    assert d.race == () and b.starts == []  # the pin is the client's choice; b is its fallback on failure
 
 
 async def test_a_buffered_call_and_a_messages_client_race_too(upstreams, proxy):

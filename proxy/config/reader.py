@@ -286,7 +286,8 @@ def _hedge(r: Reader, raw: Any, path: str) -> Hedge | None:
     elif isinstance(after, int | float) and not isinstance(after, bool):
         secs = r.number(data, "after", path, None, low=0.001, high=600)
     else:
-        r.problem(f"{path}.after", f"expected seconds (0.8) or pNN of the leader's samples (p90), got {after!r}")
+        r.problem(f"{path}.after",
+                  f"expected seconds (0.8) or pNN of the leader's samples, p1 to p99 (p90), got {after!r}")
     return Hedge(
         after_secs=secs,
         after_percentile=percentile,

@@ -37,7 +37,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     encoding = request.headers.get("content-encoding")
     try:
         if length is not None and length > limit:
-            raise _too_large(length, limit)
+            raise _too_large(limit, length)
         if encoding is None and length is not None:
             return await request.read()  # the length is known, allowed and decoded as it is: one read
         if encoding is not None and encoding.strip().lower() not in _ENCODINGS | {"identity"}:
@@ -51,7 +51,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
                 if encoding is not None:
                     parts.clear()
                     trim()  # a compressed bomb's inflated megabytes go back to the system
-                raise _too_large(size, limit)
+                raise _too_large(limit)
             parts.append(data)
             unyielded += len(data)
             if unyielded >= YIELD_EVERY:  # inflated from bytes already here: give the loop a turn
@@ -75,13 +75,12 @@ def _payload_problem(exc: BaseException) -> str:
     return " ".join(str(text).split())[:200]
 
 
-def _too_large(size: int, limit: int) -> ClientError:
-    return ClientError(
-        413,
-        f"Request body is {'over ' if size > limit else ''}{size} bytes; "
-        f"this gateway accepts at most {limit} bytes (max_body_bytes).",
-        code="request_too_large",
-    )
+def _too_large(limit: int, length: int | None = None) -> ClientError:
+    """``length``: the declared Content-Length; without it reading stopped at the limit, so the
+    body's own size is not known."""
+    size = f"{length} bytes" if length is not None else f"larger than {limit} bytes"
+    return ClientError(413, f"Request body is {size}; this gateway accepts at most {limit} bytes "
+                       "(max_body_bytes).", code="request_too_large")
 
 
 def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]:
@@ -100,7 +99,10 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
         raise ClientError(400, f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels.",
                           code="invalid_json")
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is not None and not isinstance(model, str):
+        raise ClientError(400, f"'model' must be a string naming a route or provider/upstream-model, got "
+                          f"{type(model).__name__}.", code="invalid_model", param="model")
+    if not model:
         raise ClientError(
             400,
             "Missing 'model': name a route (see GET /v1/models) or provider/upstream-model.",

@@ -223,3 +223,11 @@ def test_a_buffered_request_measures_a_target_busy_only_with_streams() -> None:
     in_flight("a", 2)(state)  # streamed calls: the buffered figure is still unmeasured and nobody measures it
     planned = plan(cfg, Ask("t1", "chat", mode=BUFFERED), state, NOW, random.Random(7))
     assert planned.decision.header() == H + "a(unmeasured), b(unmeasured), c(unmeasured)"
+
+
+@pytest.mark.parametrize("after", ["p0", "p100", "P90", "-1", "soon"])
+def test_hedge_after_names_the_percentiles_it_takes(after: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config("fastest", [t("a"), t("b")], hedge={"after": after})
+    assert ("routes.chat.hedge.after: expected seconds (0.8) or pNN of the leader's samples, p1 to p99 (p90), "
+            f"got {after!r}") in str(caught.value)

@@ -414,6 +414,7 @@ async def test_unknown_route_is_404_model_not_found(proxy):
         pytest.param(b"[1, 2]", 400, "invalid_json", id="not-an-object"),
         pytest.param(b"", 400, "invalid_json", id="empty"),
         pytest.param(orjson.dumps({"messages": []}), 400, "missing_model", id="missing-model"),
+        pytest.param(orjson.dumps({"model": 7, "messages": []}), 400, "invalid_model", id="model-not-a-string"),
         pytest.param(b'{"model": "chat", "x": "' + b"a" * 5000 + b'"}', 413, "request_too_large", id="too-large"),
     ],
 )
@@ -426,6 +427,11 @@ async def test_bad_requests_get_clear_openai_errors(proxy, body, status, code):
     err = orjson.loads(raw)["error"]
     assert err["code"] == code
     assert err["message"]
+    if code == "invalid_model":
+        assert "'model' must be a string" in err["message"] and err["param"] == "model"
+    if code == "request_too_large":  # the Content-Length it declared, and the limit
+        assert err["message"] == f"Request body is {len(body)} bytes; this gateway accepts at most 4096 bytes " \
+                                 "(max_body_bytes)."
 
 
 async def test_simulated_pool_serves_all_operations(proxy):

@@ -68,6 +68,7 @@ async def test_a_gzip_body_is_bounded_by_its_decoded_size(gateway):
     status, _, body = await exchange(p.port, post_head(len(bomb), extra=b"Content-Encoding: gzip\r\n"), bomb)
     err = assert_openai_error(status, body, 413, "request_too_large")
     assert "1048576" in str(err["message"])
+    assert str(err["message"]).startswith("Request body is larger than 1048576 bytes;")  # where reading stopped
     assert up.calls == []
 
 
