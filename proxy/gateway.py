@@ -30,6 +30,7 @@ from .scrub import Scrubber
 from .sim.transport import SimTransport
 from .state import State
 from .walk.deadlines import Deadlines
+from .walk.limiter import Limiters
 from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
 
@@ -57,6 +58,7 @@ class Gateway:
         self.state = State()
         self.observers: list[Observer] = observers or []
         self.deadlines = Deadlines(clock)
+        self.limiters = Limiters()
         self._sweeper: asyncio.Task[None] | None = None
         self._finished: list[Finished] = []
         self.session: aiohttp.ClientSession | None = None
@@ -86,6 +88,7 @@ class Gateway:
             rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
         self.scrubber.add([p.api_key for p in config.providers.values() if p.api_key] + list(config.clients.keys))
         self.state.configure(config)
+        self.limiters.configure(config)
         limits = [t for p in config.providers.values() for t in (p.timeouts.idle, p.timeouts.first_chunk)]
         hedges = [route.hedge.after_secs or HEDGE_TICK_BASIS  # a percentile: some tenths of a second
                   for route in config.routes.values() if route.hedge is not None]
@@ -112,7 +115,8 @@ class Gateway:
         )
         http = HttpTransport(self.session, self.scrubber)
         transports: dict[str, Transport] = {kind: self.sim if kind == "simulated" else http for kind in KINDS}
-        self.walker = Walker(self.state, transports, clock=self.clock, deadlines=self.deadlines)
+        self.walker = Walker(self.state, transports, clock=self.clock, deadlines=self.deadlines,
+                             limiters=self.limiters)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         # Measured cost per call for the score strategy, from whatever ledger the config names now.
         self.costs = CostRefresher(lambda: self.config.ledger.path, self.state)

@@ -234,7 +234,7 @@ async def test_busy_fails_over_when_the_limit_and_queue_are_full(upstreams, prox
     first = asyncio.create_task(p.post(PATH, CHAT))
     await until(lambda: len(ups["a"].calls) == 1)
     queued = asyncio.create_task(p.post(PATH, CHAT))
-    await until(lambda: len(p.gateway.state.limiter("a").waiters) == 1)
+    await until(lambda: len(p.gateway.limiters.get("a").waiters) == 1)
     h = await health_of(p, "a")
     assert h["in_flight"] == 1
     status, headers, _ = await p.post(PATH, CHAT)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from ..config import Config, Fastest, TargetKey
 from .breaker import Breaker, Health
 from .budget import HedgeBudget
-from .limiter import Limiter
 from .snapshot import TargetFigures, snapshot
 from .tracker import BUFFERED, STREAMED, Tracker
 
@@ -32,7 +31,6 @@ class State:
     def __init__(self, stale_after: float = 300.0) -> None:
         self.tracker = Tracker(stale_after)
         self.targets: dict[TargetKey, TargetState] = {}
-        self.limiters: dict[str, Limiter] = {}
         # Measured mean USD per call by (target name, operation), refreshed from the ledger
         # by the gateway's CostRefresher; the score strategy reads it.
         self.costs: dict[tuple[str, str], float] = {}
@@ -81,9 +79,6 @@ class State:
             budget.share = share
         return budget
 
-    def limiter(self, provider: str) -> Limiter | None:
-        return self.limiters.get(provider)
-
     def snapshot(self, config: Config, now: float) -> tuple[TargetFigures, ...]:
         """Every target's figures, breaker and load now, as immutable records: what observers read."""
         return snapshot(self, config, now)
@@ -99,14 +94,6 @@ class State:
         self.tracker.stale_after = max(
             [r.fastest.max_age_secs for r in config.routes.values()] or [300.0]
         )
-        limiters: dict[str, Limiter] = {}
-        for name, provider in config.providers.items():
-            old = self.limiters.get(name)
-            if old is not None and (old.limit, old.queue) == (provider.max_concurrent, provider.queue):
-                limiters[name] = old
-            elif provider.max_concurrent:
-                limiters[name] = Limiter(provider.max_concurrent, provider.queue)
-        self.limiters = limiters
 
 
 _CLOSED = Breaker().health(0.0)

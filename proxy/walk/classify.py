@@ -20,7 +20,7 @@ import orjson
 
 from ..errors import StreamTooLarge
 from ..providers.first_token import Ended, UpstreamError
-from ..state.limiter import Busy
+from .limiter import Busy
 from .transport import BodyTooLarge, failure_of
 
 

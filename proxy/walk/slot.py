@@ -10,7 +10,7 @@ the end of a committed stream. A second call is a no-op, so no path can give twi
 from __future__ import annotations
 
 from ..state import TargetState
-from ..state.limiter import Limiter
+from .limiter import Limiter
 from .transport import Upstream
 
 __all__ = ["Reservation", "Slot"]

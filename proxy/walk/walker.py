@@ -40,6 +40,7 @@ from .classify import (
 )
 from .deadlines import Countdown, Deadlines
 from .lease import Background, Lease
+from .limiter import Limiters
 from .result import JSON_HEADERS, Trail, Walked
 from .slot import Slot
 from .transport import Transport, Upstream
@@ -111,9 +112,11 @@ class Walker:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         deadlines: Deadlines | None = None,
+        limiters: Limiters | None = None,
     ) -> None:
         """``transports``: one per provider kind, picked where the gateway is built."""
         self.state = state
+        self.limiters = limiters or Limiters()
         self.transports = transports
         self.clock = clock
         self.rng = rng or random.Random()
@@ -240,7 +243,7 @@ class Walker:
         if admitted == WAIT:
             trail.skipped(aim.target.name, ts.breaker.health(now).reason)
             return None
-        return Slot(ts, self.state.limiter(aim.provider.name), admitted == PROBE, not aim.call.stream)
+        return Slot(ts, self.limiters.get(aim.provider.name), admitted == PROBE, not aim.call.stream)
 
     def _raised(self, trail: Trail, aim: _Aim, slot: Slot, exc: Exception, started: float) -> Outcome:
         """The send step raised. Timing out while queued for our own limit is busy, not the

@@ -9,9 +9,9 @@ from proxy.config import Cooldown, Target
 from proxy.providers.usage_taps import OpenAIUsageTap
 from proxy.sim.transport import SimUpstream
 from proxy.state import TargetState
-from proxy.state.limiter import Limiter
 from proxy.walk.deadlines import Deadlines
 from proxy.walk.lease import Background, Lease
+from proxy.walk.limiter import Limiter
 from proxy.walk.slot import Slot
 
 

@@ -10,7 +10,7 @@ from proxy.config import Cooldown
 from proxy.sim.transport import SimUpstream
 from proxy.state import TargetState
 from proxy.state.breaker import PROBE
-from proxy.state.limiter import Limiter
+from proxy.walk.limiter import Limiter
 from proxy.walk.slot import Reservation, Slot
 
 

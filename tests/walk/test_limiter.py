@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.state.limiter import Busy, Limiter
+from proxy.walk.limiter import Busy, Limiter
 
 
 async def test_limit_then_queue_then_busy() -> None:

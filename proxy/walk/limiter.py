@@ -2,13 +2,16 @@
 
 ``max_concurrent`` calls run at once; up to ``queue`` more wait for a slot; a
 call beyond that is refused at once (the walker records it as ``busy`` and fails
-over) so no request ever waits without bound.
+over) so no request ever waits without bound. Its waiters are futures, so it lives
+with the walk, not in ``state/`` (which holds no asyncio).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+
+from ..config import Config
 
 
 class Busy(Exception):
@@ -48,3 +51,24 @@ class Limiter:
                 waiter.set_result(None)
                 return
         self.active -= 1
+
+
+class Limiters:
+    """The limiter of every provider that sets ``max_concurrent``; a reload keeps a provider's
+    limiter (its calls and waiters) while its limit and queue stay the same."""
+
+    def __init__(self) -> None:
+        self.by_provider: dict[str, Limiter] = {}
+
+    def get(self, provider: str) -> Limiter | None:
+        return self.by_provider.get(provider)
+
+    def configure(self, config: Config) -> None:
+        limiters: dict[str, Limiter] = {}
+        for name, provider in config.providers.items():
+            old = self.by_provider.get(name)
+            if old is not None and (old.limit, old.queue) == (provider.max_concurrent, provider.queue):
+                limiters[name] = old
+            elif provider.max_concurrent:
+                limiters[name] = Limiter(provider.max_concurrent, provider.queue)
+        self.by_provider = limiters
