@@ -15,8 +15,8 @@ from aiohttp import web
 
 from proxy.config import parse_config
 
-from .anthropic_fakes import anthropic_provider, text_events
-from .conftest import chat_body, chunk_event, decision_of, openai_provider, route_config, status_handler
+from ..anthropic_fakes import anthropic_provider, text_events
+from ..conftest import chat_body, chunk_event, decision_of, openai_provider, route_config, status_handler
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -13,8 +13,8 @@ from openai.types.responses import ResponseFunctionToolCall
 
 from proxy.observe import Finished
 
-from .anthropic_fakes import anthropic_provider, messages_handler
-from .conftest import chunk_event, decision_of, ok_handler, openai_provider, route_config, sse, status_handler
+from ..anthropic_fakes import anthropic_provider, messages_handler
+from ..conftest import chunk_event, decision_of, ok_handler, openai_provider, route_config, sse, status_handler
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from .anthropic_fakes import (
+from ..anthropic_fakes import (
     OVERLOADED,
     USAGE_IN,
     USAGE_OUT,
@@ -20,7 +20,7 @@ from .anthropic_fakes import (
     messages_handler,
     text_events,
 )
-from .conftest import decision_of, ok_handler, openai_provider, route_config
+from ..conftest import decision_of, ok_handler, openai_provider, route_config
 
 CHAT = {"model": "chat", "messages": [{"role": "system", "content": "Be brief."},
                                       {"role": "user", "content": "hi"}]}

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 
 from proxy.providers.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response
 
-from .conftest import chunk_event, sse
+from ..conftest import chunk_event, sse
 from .test_responses_to_chat import FN
 
 

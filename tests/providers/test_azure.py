@@ -13,8 +13,8 @@ from aiohttp import web
 from proxy.config import parse_config
 from proxy.errors import ConfigError
 
-from .anthropic_fakes import anthropic_provider, messages_handler
-from .conftest import ok_handler, openai_provider, route_config
+from ..anthropic_fakes import anthropic_provider, messages_handler
+from ..conftest import ok_handler, openai_provider, route_config
 
 API_VERSION = "2024-10-21"
 
