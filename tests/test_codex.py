@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import route_config
-from .test_responses_via_chat import Recorder
+from .providers.test_responses_via_chat import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = {"kind": "simulated", "simulate": {"first_chunk_ms": 2, "jitter_ms": 0, "chunk_ms": 0, "chunks": 6}}

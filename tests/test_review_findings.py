@@ -9,7 +9,7 @@ import time
 from aiohttp import web
 
 from .conftest import decision_of, openai_provider, route_config, status_handler
-from .test_race import CHAT, Timed, race_proxy, settle
+from .walk.test_race import CHAT, Timed, race_proxy, settle
 
 
 async def test_a_hedge_that_rejects_the_request_does_not_beat_a_leader_that_answers(upstreams, proxy):
