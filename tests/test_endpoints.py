@@ -17,7 +17,7 @@ from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe.accesslog import AccessLog
 
 from .anthropic_fakes import anthropic_error, anthropic_provider
-from .conftest import decision_of, ok_handler, openai_provider, route_config
+from .conftest import decision_of, ok_handler, openai_provider, route_config, status_handler
 from .observe.test_accesslog import parse_text
 
 SIM = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 3}}
@@ -179,3 +179,24 @@ async def test_json_access_log_has_the_id_and_route_asked_for(proxy):
     await access.close()
     line = json.loads(stream.getvalue().splitlines()[-1])
     assert (line["id"], line["route"], line["status"], line["error"]) == ("j1", "missing", 404, "model_not_found")
+
+
+async def test_a_messages_error_is_logged_with_the_size_the_client_got(proxy, upstreams):
+    """/v1/messages errors go out in Anthropic's shape; the access log's bytes are of that body."""
+    stream = io.StringIO()
+    access = AccessLog(AccessLogConfig(format="json"), stream=stream)
+    up = await upstreams({"/v1/chat/completions": status_handler(503)})
+    p = await proxy(route_config([{"provider": "gpt", "model": "m"}], {"gpt": openai_provider(up.url)}),
+                    observers=[access])
+    messages = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    answers = [
+        await p.post("/v1/messages", {**messages, "model": "nope"}, headers={"x-request-id": "unknown"}),
+        await p.post("/v1/messages", {**messages, "model": "chat"}, headers={"x-request-id": "failed"}),
+        await p.post("/v1/messages", {"model": "chat"}, headers={"x-request-id": "bad"}),
+    ]
+    await p.stop()
+    await access.close()
+    by_id = {line["id"]: line for line in map(json.loads, stream.getvalue().splitlines())}
+    for rid, (status, _, body) in zip(["unknown", "failed", "bad"], answers, strict=True):
+        assert status >= 400 and orjson.loads(body)["type"] == "error", body  # Anthropic's shape
+        assert by_id[rid]["bytes"] == len(body), rid

@@ -66,7 +66,10 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
     ex = Exchange(op, gw.clock())
     ex.rid = request_id(request)
     try:
-        return await _route(request, gw, config, ex)
+        response = await _route(request, gw, config, ex)
+        if op == "messages" and response.status >= 400:
+            response = _in_anthropic_shape(response, ex)
+        return response
     except ClientError as exc:
         decision = exc.decision if isinstance(exc, Refused) else None  # routing refused it, with why
         ex.decision = decision.but(status=exc.status) if decision is not None else None
@@ -77,7 +80,7 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
         response = error_response(exc.status, body, ex.decision, ex.rid)
         if exc.close_connection:
             response.force_close()
-        return response
+        return _in_anthropic_shape(response, ex) if op == "messages" else response
     except asyncio.CancelledError:
         if ex.status == 500 and ex.error is None:  # nothing was answered yet
             # The client left before an answer started (nginx's 499), or a drain's grace ran out.
@@ -92,6 +95,15 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
                      op, ex.stream, None if ex.first_sent is None else ex.first_sent - ex.t0, end - ex.t0,
                      ex.sent, ex.error, ex.rid, ex.asked)
         )
+
+
+def _in_anthropic_shape(response: web.StreamResponse, ex: Exchange) -> web.StreamResponse:
+    """A ``/v1/messages`` error, reshaped here rather than by ``guarded`` (which passes an
+    Anthropic-shape error as it is), so the exchange logs the size the client was sent."""
+    response = reshaped(ANTHROPIC, response)
+    if isinstance(response, web.Response) and isinstance(response.body, bytes):
+        ex.sent = len(response.body)
+    return response
 
 
 async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange) -> web.StreamResponse:

@@ -19,10 +19,9 @@ from typing import Any
 import orjson
 
 from ..config import Simulate
-from ..providers.sse import data_frame
+from ..providers.sse import DONE, data_frame
+from ..providers.usage import counted
 from .script import Script, needs_script, script_for
-
-SSE_DONE = b"data: [DONE]\n\n"
 
 
 @dataclass(slots=True)
@@ -132,23 +131,18 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return max(1, len(text) // 4)
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
-
-
 def _buffered(op: str, model: str, words: list[str], prompt: int) -> dict[str, Any]:
     text = "".join(words)
     if op == "completions":
         return {"id": "cmpl-sim", "object": "text_completion", "created": int(time.time()),
                 "model": model, "choices": [{"index": 0, "text": text, "finish_reason": "stop",
                                              "logprobs": None}],
-                "usage": _usage(prompt, len(words))}
+                "usage": counted(prompt, len(words))}
     return {"id": "chatcmpl-sim", "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": "stop"}],
-            "usage": _usage(prompt, len(words))}
+            "usage": counted(prompt, len(words))}
 
 
 def _chunk(op: str, model: str, created: int, text: str | None, finish: str | None,
@@ -183,9 +177,9 @@ async def _stream(op: str, model: str, words: list[str], delay: float, pace: flo
     if usage:
         obj = "chat.completion.chunk" if op != "completions" else "text_completion"
         data = {"id": "chatcmpl-sim", "object": obj, "created": created, "model": model,
-                "choices": [], "usage": _usage(prompt, len(words))}
+                "choices": [], "usage": counted(prompt, len(words))}
         yield data_frame(data)
-    yield SSE_DONE
+    yield DONE
 
 
 def _embeddings(body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -209,7 +203,7 @@ def _tool_calls(choice_calls: list[Any], whole: bool) -> list[dict[str, Any]]:
 
 def _script_buffered(op: str, model: str, script: Script, prompt: int) -> dict[str, Any]:
     created = int(time.time())
-    usage = _usage(prompt, script.tokens)
+    usage = counted(prompt, script.tokens)
     if op == "completions":
         return {"id": "cmpl-sim", "object": "text_completion", "created": created, "model": model,
                 "choices": [{"index": i, "text": "".join(c.pieces), "finish_reason": c.finish, "logprobs": None}
@@ -269,6 +263,6 @@ async def _script_stream(op: str, model: str, script: Script, delay: float, pace
     if usage:
         obj = "chat.completion.chunk" if op != "completions" else "text_completion"
         data = {"id": "chatcmpl-sim", "object": obj, "created": created, "model": model,
-                "choices": [], "usage": _usage(prompt, script.tokens)}
+                "choices": [], "usage": counted(prompt, script.tokens)}
         yield data_frame(data)
-    yield SSE_DONE
+    yield DONE
