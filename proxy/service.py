@@ -152,8 +152,10 @@ class Service:
             for runner in self.runners:
                 await runner.cleanup()
         finally:
-            await gw.close()  # hands the observers what finished during the drain
-            await self.hub.close()  # then the access log and ledger write out
+            try:
+                await gw.close()  # hands the observers what finished during the drain
+            finally:
+                await self.hub.close()  # then the access log and ledger write out
             self.notifier.close()
         log.info("stopped")
         return 0

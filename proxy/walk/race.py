@@ -44,7 +44,9 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
     """Walk the planned order: one target at a time, or as a race on a route with ``hedge``.
     (Not a coroutine itself: the caller awaits the walk's, one frame fewer per request.)"""
     route = plan.route
-    if route.hedge is None:
+    order = plan.decision.order
+    # A pin is the client's choice: its fallback is for failures, not for speed, so it never races.
+    if route.hedge is None or (order and order[0].reason == "pinned"):
         return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
     race = Race(walker, route, route.hedge, plan.targets, call, providers, plan.rescued)
     return race.run(plan.together, plan.decision)
@@ -96,6 +98,7 @@ class Race:
     winner: _Racer | None = None  # a racer that committed first
     rejected: _Racer | None = None  # a racer's client error, kept while another may still answer
     hedged = False  # one hedge per request: the budget's share is per request
+    later: list[tuple[float, int]] | None = None  # inline leads after a race began: (start, first attempt)
     refused = False  # the budget said no once: a later no is neither counted nor shown
     timer: _HedgeTimer | None = None
     interrupted = False  # a racer won while the leader ran inline: its await was cancelled
@@ -122,7 +125,10 @@ class Race:
         if together > 1 and len(self.queue) > 1:
             first_reason = decision.first_reason
             free = self._first_measure(first_reason)
-            if free or self.budget.withdraw(keep=RESERVE):
+            # A cold burst's measure (its target in flight already) may spend a hedge's token: cold
+            # starts are when racing pays most. An explore, or a measure whose free call was spent
+            # (a target that keeps failing), leaves one for a hedge.
+            if free or self.budget.withdraw(keep=0.0 if free is None else RESERVE):
                 # The plan's first is the explored (or unmeasured) target: it races in a task and
                 # is measured; the next in the order leads, inline.
                 explored = self._start(measuring=True)
@@ -139,8 +145,6 @@ class Race:
                 self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
                 self.queue.insert(1, self.queue.pop(0))
                 self.refused = True
-        elif decision.order and decision.order[0].reason == "pinned":
-            self.hedged = True  # a pin is the client's choice: its fallback is for failures, not for speed
         try:
             if self.queue and await self._lead(self.queue.pop(0)):
                 return self._finish(self.inline)
@@ -192,6 +196,8 @@ class Race:
     async def _lead(self, target: Target) -> bool:
         """Run ``target`` in the request's task; True when it committed first."""
         self.leader, self.leader_started = target, self.walker.clock()
+        if self.racers:  # a failover inline after a race began: its attempts sort by its own start
+            self.later = [*(self.later or ()), (self.leader_started, len(self.inline.attempts))]
         if not self.hedged and self.queue:
             self._arm(target)
         try:
@@ -333,7 +339,10 @@ class Race:
         if not self.racers:  # nobody raced: the plain walk's result
             return trail.result(tuple(trail.attempts), tuple(self.roles))
         now = self.walker.clock()
-        parts = [(self.inline_started, self.inline.attempts)] if self.inline.attempts else []
+        inline = self.inline.attempts
+        leads = [(self.inline_started, 0), *(self.later or ())]
+        ends = [at for _, at in leads[1:]] + [len(inline)]
+        parts = [(start, inline[at:end]) for (start, at), end in zip(leads, ends, strict=True) if end > at]
         for racer in self.racers:
             attempts = list(racer.trail.attempts)
             task = racer.task

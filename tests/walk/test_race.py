@@ -449,3 +449,103 @@ async def test_an_idle_leader_whose_figure_a_burst_inflated_is_ranked_by_its_loa
     d = decision_of(headers)
     assert status == 200 and d.served == "a" and d.order_names[0] == "a", headers["x-route-decision"]
     assert b"from-a" in body
+
+
+def _late(status: int, secs: float) -> Any:
+    async def handle(request: web.Request) -> web.Response:
+        await asyncio.sleep(secs)
+        return web.json_response({"error": {"message": "busy", "type": "server_error"}}, status=status)
+
+    return handle
+
+
+async def test_failovers_count_the_targets_moved_past_in_the_order_they_started(upstreams, proxy):
+    # a leads and fails at 0.4 s; the hedge b starts at 0.1 s and fails at 0.3 s; c then leads inline
+    # and serves. Both a and b were moved past: two failovers, attempts in the order they started.
+    ups, p = await race_proxy(upstreams, proxy, {"a": _late(503, 0.4), "b": _late(503, 0.2),
+                                                 "c": Timed(first=0.01, text="from-c")}, hedge={"after": 0.1})
+    finished: list[Any] = []
+    p.gateway.observers.append(_Collect(finished))
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "c" and b"from-c" in body
+    assert [name for name, _ in d.attempt_outcomes()] == ["a", "b", "c"]
+    await until(lambda: bool(finished))
+    assert finished[0].decision.failovers == 2
+
+    # A hedge that fails while the leader it raced serves was not moved past: no failover.
+    ups, p2 = await race_proxy(upstreams, proxy, {"a": Timed(first=0.4, text="from-a"), "b": _late(503, 0.05)},
+                               hedge={"after": 0.1})
+    p2.gateway.observers.append(_Collect(finished))
+    status, headers, body = await p2.post("/v1/chat/completions", {**CHAT, "stream": True})
+    assert status == 200 and decision_of(headers).served == "a"
+    await until(lambda: len(finished) == 2)
+    assert finished[1].decision.failovers == 0
+
+
+async def test_a_cold_bursts_measure_races_on_a_token_it_has(upstreams, proxy):
+    # Three cold targets, three requests at once: a and c are measured for free; the third finds
+    # every target in flight and races on the bucket's token (cold starts are when racing pays most).
+    a, b, c = Timed(first=0.3), Timed(first=0.3), Timed(first=0.3)
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b, "c": c}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 0.1})
+    budget = p.gateway.state.budget("chat", 0.1)
+    assert budget.tokens == 1.0  # the start's token
+    sessions = [aiohttp.ClientSession() for _ in range(3)]
+    try:
+        for session in sessions:  # open each connection first, so the three requests arrive together
+            async with session.get(p.url + "/v1/health") as resp:
+                await resp.read()
+
+        async def one(session: aiohttp.ClientSession) -> Any:
+            async with session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+                await resp.read()
+                return decision_of(dict(resp.headers))
+
+        decisions = await asyncio.gather(*(one(s) for s in sessions))
+    finally:
+        for session in sessions:
+            await session.close()
+    roles = sorted(role for d in decisions for _, role in d.race)
+    assert "budget exhausted" not in roles, [d.race for d in decisions]
+    assert roles.count("measure") == 3 and budget.refused == 0
+    await settle(a, b, c, want=len(a.starts) + len(b.starts) + len(c.starts))
+
+
+class _Stalls:
+    """A leader whose every third call stalls for a second before its first token."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        self.calls += 1
+        stall = self.calls % 3 == 0
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await asyncio.sleep(1.0 if stall else 0.005)
+        await response.write(chunk_event("lead") + chunk_event("", "stop") + b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def test_exploring_on_every_request_leaves_the_hedges_their_tokens(upstreams, proxy):
+    # Every request wants to explore b (explore 1.0 of two targets); a, the leader by its figure,
+    # stalls on every third call. The explores take tokens only above the hedge's reserve, so the
+    # stalls find one: no client waits out a stall.
+    a, b = _Stalls(), Timed(first=0.05, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 1.0, "seed": 3}, hedge={"after": 0.1, "max_extra": 0.4,
+                                                                           "refresh": 1000})
+    now = p.gateway.clock()
+    for _ in range(5):
+        p.gateway.state.tracker.record(("a", "m"), 0.005, now)
+        p.gateway.state.tracker.record(("b", "m"), 0.05, now)
+    slow, hedged = 0, 0
+    for _ in range(30):
+        t0 = time.monotonic()
+        status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+        assert status == 200
+        slow += time.monotonic() - t0 > 0.8
+        hedged += any(role.startswith("hedge") for _, role in decision_of(headers).race)
+    assert hedged >= 3 and slow == 0, (hedged, slow)
