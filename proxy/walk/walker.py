@@ -112,11 +112,12 @@ class Walker:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         deadlines: Deadlines | None = None,
-        limiters: Limiters | None = None,
+        limiters: Limiters,
     ) -> None:
-        """``transports``: one per provider kind, picked where the gateway is built."""
+        """``transports``: one per provider kind, picked where the gateway is built; ``limiters``: the
+        gateway's, configured with it (required: a walker without them would ignore max_concurrent)."""
         self.state = state
-        self.limiters = limiters or Limiters()
+        self.limiters = limiters
         self.transports = transports
         self.clock = clock
         self.rng = rng or random.Random()
