@@ -137,6 +137,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(_table(rows, ["#", "target", "why", "streamed", "samples", "buffered", "samples"]))
     for e in data["excluded"]:
         print(f"excluded {e['target']}: {e['reason']}")
+    hedge = data.get("hedge")
+    if hedge is not None:
+        when = "too few samples to hedge by time" if hedge["delay_s"] is None else f"now {hedge['delay_s']:.3f}s"
+        print(f"hedge after {hedge['after']} ({when} on {hedge['leader']}); budget {hedge['budget_tokens']:.2f} "
+              f"tokens, {hedge['budget_refused']} refused, max_extra {hedge['max_extra']:g}; "
+              f"explore {'on' if hedge['explore'] else 'off'}, refresh {hedge['refresh_s']:g}s, cap {hedge['cap']:g}x")
     return 0
 
 

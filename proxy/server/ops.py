@@ -14,9 +14,11 @@ from aiohttp import web
 from ..errors import error_body
 from ..gateway import Gateway
 from ..observe.hub import Hub
+from ..routing.hedge import hedge_delay
 from ..routing.ordering import load_fit, load_penalty
 from ..routing.plan import Ask, plan
 from ..routing.score import SIGNALS, score_targets
+from ..state.budget import START
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
 from .replies import GATEWAY, HUB, error_response, json_response, request_id
@@ -142,10 +144,30 @@ async def explain(request: web.Request) -> web.Response:
         "strategy": route.strategy,
         "mode": mode,
         **({"cost_basis": basis} if basis else {}),
+        **({"hedge": _hedge(gw, route, planned.targets, mode)} if route.hedge is not None else {}),
         "order": order,
         "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
         "decision": d.header(),
     })
+
+
+def _hedge(gw: Gateway, route: Any, targets: Any, mode: str) -> dict[str, Any]:
+    """The route's race settings and where they stand: when the leader would be hedged now (None:
+    a pNN with too few of its samples) and the budget's tokens, as the next request finds them."""
+    hedge = route.hedge
+    delay = hedge_delay(hedge, gw.state.tracker.recent(targets[0].key, mode)) if targets else None
+    budget = gw.state.budgets.get(route.name)
+    return {
+        "after": f"p{hedge.after_percentile}" if hedge.after_secs is None else hedge.after_secs,
+        "delay_s": None if delay is None else round(delay, 4),
+        "leader": targets[0].name if targets else None,
+        "max_extra": hedge.max_extra,
+        "budget_tokens": round(budget.tokens if budget is not None else START, 3),
+        "budget_refused": budget.refused if budget is not None else 0,
+        "explore": hedge.explore,
+        "refresh_s": hedge.refresh_secs,
+        "cap": hedge.cap,
+    }
 
 
 def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,

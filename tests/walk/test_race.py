@@ -549,3 +549,25 @@ async def test_exploring_on_every_request_leaves_the_hedges_their_tokens(upstrea
         slow += time.monotonic() - t0 > 0.8
         hedged += any(role.startswith("hedge") for _, role in decision_of(headers).race)
     assert hedged >= 3 and slow == 0, (hedged, slow)
+
+
+async def test_explain_shows_the_routes_hedge_and_its_budget(upstreams, proxy, capsys):
+    from proxy.cli import main
+
+    ups, p = await race_proxy(upstreams, proxy, {"a": Timed(first=0.01), "b": Timed(first=0.01)},
+                              hedge={"after": "p90", "max_extra": 0.2})
+    status, explained = await p.get("/v1/routes/chat/explain")
+    assert status == 200
+    assert explained["hedge"] == {"after": "p90", "delay_s": None, "leader": "a", "max_extra": 0.2,
+                                  "budget_tokens": 1.0, "budget_refused": 0, "explore": True,
+                                  "refresh_s": 0.3, "cap": 4.0}  # a pNN needs the leader's samples first
+    now = p.gateway.clock()
+    for secs in (0.1, 0.2, 0.3, 0.4, 0.5):
+        p.gateway.state.tracker.record(("a", "m"), secs, now)
+    status, explained = await p.get("/v1/routes/chat/explain")
+    assert explained["hedge"]["delay_s"] == 0.5  # p90 of the leader's five samples
+    assert await asyncio.to_thread(main, ["explain", "chat", "--url", p.url]) == 0
+    # (a route without hedge prints no such line: tests/test_policy.py pins that table to the letter)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "hedge after p90 (now 0.500s on a); budget 1.00 tokens, 0 refused, max_extra 0.2; "
+        "explore on, refresh 0.3s, cap 4x")
