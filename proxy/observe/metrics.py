@@ -154,16 +154,21 @@ class Metrics:
         self.routes = frozenset(known_routes)
         self.targets = frozenset(known_targets)
         self.registry = Registry()
+        self._counters: dict[str, Counter] = {}  # the series fed per exchange, by their exposition name
         for attr, kind, name, doc in _SERIES:
             if kind is Histogram:
-                setattr(self, attr, Histogram(name, doc, registry=self.registry, buckets=FIRST_CHUNK_BUCKETS))
+                series: Counter | Gauge | Histogram = Histogram(name, doc, registry=self.registry,
+                                                                buckets=FIRST_CHUNK_BUCKETS)
             else:
-                setattr(self, attr, kind(name, doc, registry=self.registry))
+                series = kind(name, doc, registry=self.registry)
+            setattr(self, attr, series)  # the table names the attributes declared above
+            if attr in _FED:
+                assert isinstance(series, Counter)
+                self._counters[name] = series
         self.ledger_dropped.set({}, 0)
         self._races: list[tuple[str, str | None, tuple[tuple[str, str], ...]]] = []
         self._counts: dict[_Key, int] = {}
         self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
-        self._counters: dict[str, Counter] = {getattr(self, attr).name: getattr(self, attr) for attr in _FED}
         self._observed: list[tuple[str, float]] = []
 
     @classmethod
