@@ -139,8 +139,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"excluded {e['target']}: {e['reason']}")
     hedge = data.get("hedge")
     if hedge is not None:
-        when = "too few samples to hedge by time" if hedge["delay_s"] is None else f"now {hedge['delay_s']:.3f}s"
-        print(f"hedge after {hedge['after']} ({when} on {hedge['leader']}); budget {hedge['budget_tokens']:.2f} "
+        if hedge["leader"] is None:
+            when = "no eligible target"
+        elif hedge["learner"] is not None:
+            when = f"{hedge['learner']} races {hedge['leader']} to be measured, if paid for: no timed hedge"
+        elif hedge["delay_s"] is None:
+            when = f"too few samples of {hedge['leader']} to hedge by time"
+        else:
+            when = f"now {hedge['delay_s']:.3f}s on {hedge['leader']}"
+        print(f"hedge after {hedge['after']} ({when}); budget {hedge['budget_tokens']:.2f} "
               f"tokens, {hedge['budget_refused']} refused, max_extra {hedge['max_extra']:g}; "
               f"explore {'on' if hedge['explore'] else 'off'}, refresh {hedge['refresh_s']:g}s, cap {hedge['cap']:g}x")
     return 0

@@ -153,9 +153,11 @@ class Service:
                 await runner.cleanup()
         finally:
             try:
-                await gw.close()  # hands the observers what finished during the drain
+                try:
+                    await gw.close()  # hands the observers what finished during the drain
+                finally:
+                    await self.hub.close()  # then the access log and ledger write out
             finally:
-                await self.hub.close()  # then the access log and ledger write out
-            self.notifier.close()
+                self.notifier.close()
         log.info("stopped")
         return 0

@@ -144,23 +144,29 @@ async def explain(request: web.Request) -> web.Response:
         "strategy": route.strategy,
         "mode": mode,
         **({"cost_basis": basis} if basis else {}),
-        **({"hedge": _hedge(gw, route, planned.targets, mode)} if route.hedge is not None else {}),
+        **({"hedge": _hedge(gw, route, planned.targets, planned.together, mode)} if route.hedge is not None else {}),
         "order": order,
         "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
         "decision": d.header(),
     })
 
 
-def _hedge(gw: Gateway, route: Any, targets: Any, mode: str) -> dict[str, Any]:
-    """The route's race settings and where they stand: when the leader would be hedged now (None:
-    a pNN with too few of its samples) and the budget's tokens, as the next request finds them."""
+def _hedge(gw: Gateway, route: Any, targets: Any, together: int, mode: str) -> dict[str, Any]:
+    """The route's race settings and where they stand: who would lead the next request, and when it
+    would be hedged (None: a pNN with too few of its samples, or a learner races it from the start,
+    ``learner``, and then no timer is armed), and the budget's tokens, as the next request finds them."""
     hedge = route.hedge
-    delay = hedge_delay(hedge, gw.state.tracker.recent(targets[0].key, mode)) if targets else None
+    learner = targets[0].name if together > 1 else None
+    leader = targets[1] if together > 1 else targets[0] if targets else None
+    delay = None
+    if leader is not None and learner is None:
+        delay = hedge_delay(hedge, gw.state.tracker.recent(leader.key, mode))
     budget = gw.state.budgets.get(route.name)
     return {
         "after": f"p{hedge.after_percentile}" if hedge.after_secs is None else hedge.after_secs,
         "delay_s": None if delay is None else round(delay, 4),
-        "leader": targets[0].name if targets else None,
+        "leader": None if leader is None else leader.name,
+        "learner": learner,
         "max_extra": hedge.max_extra,
         "budget_tokens": round(budget.tokens if budget is not None else START, 3),
         "budget_refused": budget.refused if budget is not None else 0,

@@ -45,10 +45,15 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
     (Not a coroutine itself: the caller awaits the walk's, one frame fewer per request.)"""
     route = plan.route
     order = plan.decision.order
-    # A pin is the client's choice: its fallback is for failures, not for speed, so it never races.
-    if route.hedge is None or (order and order[0].reason == "pinned"):
+    hedge = route.hedge
+    if hedge is None:
         return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
-    race = Race(walker, route, route.hedge, plan.targets, call, providers, plan.rescued)
+    if order and order[0].reason == "pinned":
+        # A pin is the client's choice: its fallback is for failures, not for speed, so it never
+        # races; it still earns the route its share of the budget, as every request does.
+        walker.state.budget(route.name, hedge.max_extra).deposit()
+        return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
+    race = Race(walker, route, hedge, plan.targets, call, providers, plan.rescued)
     return race.run(plan.together, plan.decision)
 
 
@@ -155,7 +160,7 @@ class Race:
                     return self._finish(self.rejected.trail, self.rejected)
                 elif not self.queue:
                     return self._finish(self.last)  # everyone failed: the last failure is the answer
-                elif await self._lead(self.queue.pop(0)):  # a plain failover: everyone before it failed
+                elif await self._lead(self.queue.pop(0), again=True):  # a failover: everyone before it failed
                     return self._finish(self.inline)
             return self._finish(self.winner.trail, self.winner)
         except BaseException:
@@ -193,10 +198,11 @@ class Race:
         age = state.age(key, now, mode)
         return self.budget.free_measure((key, mode), now, None if age is None else now - age)
 
-    async def _lead(self, target: Target) -> bool:
-        """Run ``target`` in the request's task; True when it committed first."""
+    async def _lead(self, target: Target, again: bool = False) -> bool:
+        """Run ``target`` in the request's task; True when it committed first. ``again``: a failover
+        lead, after the first (which sorts at the request's start, before any racer it began)."""
         self.leader, self.leader_started = target, self.walker.clock()
-        if self.racers:  # a failover inline after a race began: its attempts sort by its own start
+        if again and self.racers:  # a failover inline after a race began: its attempts sort by its own start
             self.later = [*(self.later or ()), (self.leader_started, len(self.inline.attempts))]
         if not self.hedged and self.queue:
             self._arm(target)

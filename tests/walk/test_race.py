@@ -558,7 +558,7 @@ async def test_explain_shows_the_routes_hedge_and_its_budget(upstreams, proxy, c
                               hedge={"after": "p90", "max_extra": 0.2})
     status, explained = await p.get("/v1/routes/chat/explain")
     assert status == 200
-    assert explained["hedge"] == {"after": "p90", "delay_s": None, "leader": "a", "max_extra": 0.2,
+    assert explained["hedge"] == {"after": "p90", "delay_s": None, "leader": "a", "learner": None, "max_extra": 0.2,
                                   "budget_tokens": 1.0, "budget_refused": 0, "explore": True,
                                   "refresh_s": 0.3, "cap": 4.0}  # a pNN needs the leader's samples first
     now = p.gateway.clock()
@@ -571,3 +571,48 @@ async def test_explain_shows_the_routes_hedge_and_its_budget(upstreams, proxy, c
     assert capsys.readouterr().out.splitlines()[-1] == (
         "hedge after p90 (now 0.500s on a); budget 1.00 tokens, 0 refused, max_extra 0.2; "
         "explore on, refresh 0.3s, cap 4x")
+
+
+async def test_explain_names_the_leader_behind_a_learner(upstreams, proxy, capsys):
+    from proxy.cli import main
+
+    ups, p = await race_proxy(upstreams, proxy, {"a": Timed(first=0.01), "b": Timed(first=0.01)},
+                              strategy="fastest", fastest={"explore": 0}, hedge={"after": "p90", "max_extra": 0.2})
+    now = p.gateway.clock()
+    for secs in (0.1, 0.2, 0.3, 0.4, 0.5):
+        p.gateway.state.tracker.record(("b", "m"), secs, now)
+    _, explained = await p.get("/v1/routes/chat/explain")
+    assert (explained["hedge"]["leader"], explained["hedge"]["learner"], explained["hedge"]["delay_s"]) == (
+        "b", "a", None)  # a, unmeasured, races b from the start: no timer is armed then
+    assert await asyncio.to_thread(main, ["explain", "chat", "--url", p.url]) == 0
+    assert "(a races b to be measured, if paid for: no timed hedge)" in capsys.readouterr().out
+    _, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    assert decision_of(headers).race == (("a", "measure"), ("b", "leader"))
+
+
+async def test_a_measure_that_fails_while_the_leader_serves_is_no_failover(upstreams, proxy):
+    ups, p = await race_proxy(upstreams, proxy, {"a": status_handler(503), "b": Timed(first=0.15, text="from-b")},
+                              strategy="fastest", fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1})
+    now = p.gateway.clock()
+    for _ in range(3):
+        p.gateway.state.tracker.record(("b", "m"), 0.15, now)
+    finished: list[Any] = []
+    p.gateway.observers.append(_Collect(finished))
+    status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    assert status == 200 and decision_of(headers).served == "b", headers["x-route-decision"]
+    await until(lambda: bool(finished))
+    assert finished[0].decision.failovers == 0, finished[0].decision.attempts
+
+
+async def test_a_failing_pin_fails_over_unraced_and_still_earns_the_budget(upstreams, proxy):
+    ups, p = await race_proxy(upstreams, proxy, {"a": status_handler(503), "b": Timed(first=0.01, text="from-b")},
+                              hedge={"after": 0.05, "max_extra": 0.5})
+    finished: list[Any] = []
+    p.gateway.observers.append(_Collect(finished))
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True},
+                                         headers={"x-route-provider": "a"})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "b" and b"from-b" in body and d.race == ()
+    await until(lambda: bool(finished))
+    assert finished[0].decision.failovers == 1
+    assert p.gateway.state.budget("chat", 0.5).tokens == 1.5  # the start's token and this request's share
