@@ -26,7 +26,7 @@ from ..observe import Finished
 from ..observe.hub import Hub
 from ..providers.usage import priced, usage_of_body
 from ..relay import forward_headers, relay_stream
-from ..routing.decision import HEADER, Decision, header_with
+from ..routing.decision import HEADER, Attempt, Decision, Racer, header_with
 from ..routing.plan import Ask, Refused, plan
 from ..state.tracker import BUFFERED, STREAMED
 from ..walk.race import walk_route
@@ -59,6 +59,11 @@ class Exchange:
         self.sent = 0
         self.first_sent: float | None = None
         self.error: str | None = None
+
+    def left(self, attempts: tuple[Attempt, ...], race: tuple[Racer, ...]) -> None:
+        """The client left while a race ran and nothing had answered: log what had run."""
+        if self.decision is not None:
+            self.decision = self.decision.as_tried(race).but(attempts=attempts, race=race)
 
 
 async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamResponse:
@@ -122,7 +127,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
         return _nothing_eligible(ex, decision, planned.unservable)
 
     assert gw.walker is not None
-    walked = await walk_route(gw.walker, config.providers, planned, call)
+    walked = await walk_route(gw.walker, config.providers, planned, call, ex.left)
     if walked.race:
         decision = decision.as_tried(walked.race)
     if not isinstance(walked, Committed):

@@ -23,7 +23,7 @@ when none is left running, the walk goes on with the rest of the order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from ..config import Hedge, Provider, Route, Target
 from ..providers import Call
@@ -40,9 +40,15 @@ from .walker import Walker
 __all__ = ["Race", "walk_route"]
 
 
-def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call) -> Awaitable[Walked]:
+Left = Callable[[tuple[Attempt, ...], tuple[Racer, ...]], None]
+
+
+def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call,
+               left: Left | None = None) -> Awaitable[Walked]:
     """Walk the planned order: one target at a time, or as a race on a route with ``hedge``.
-    (Not a coroutine itself: the caller awaits the walk's, one frame fewer per request.)"""
+    (Not a coroutine itself: the caller awaits the walk's, one frame fewer per request.)
+    ``left`` hears a race's attempts and racers so far when the client leaves before any answered,
+    so the racers it started are still counted."""
     route = plan.route
     order = plan.decision.order
     hedge = route.hedge
@@ -54,6 +60,7 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
         walker.state.budget(route.name, hedge.max_extra).deposit()
         return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
     race = Race(walker, route, hedge, plan.targets, call, providers, plan.rescued)
+    race.left = left
     return race.run(plan.together, plan.decision)
 
 
@@ -108,6 +115,7 @@ class Race:
     timer: _HedgeTimer | None = None
     interrupted = False  # a racer won while the leader ran inline: its await was cancelled
     changed: asyncio.Future[None] | None = None  # a racer finished
+    left: Left | None = None  # told what ran when the client leaves before an answer
 
     def __init__(self, walker: Walker, route: Route, hedge: Hedge, targets: tuple[Target, ...], call: Call,
                  providers: Mapping[str, Provider], rescued: str | None) -> None:
@@ -170,6 +178,9 @@ class Race:
             if winner is not None and winner.trail.lease is not None:
                 winner.trail.lease.finish()
                 winner.trail.lease = None
+            elif self.left is not None and winner is None and self.inline.served is None and self.roles:
+                so_far = self._finish(self.last)  # nobody answered: every racer still running is lost
+                self.left(so_far.attempts, so_far.race)
             raise
         finally:
             if self.timer is not None:

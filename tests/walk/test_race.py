@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import parse_config
+from proxy.routing.decision import duplicate_calls
 
 from ..anthropic_fakes import anthropic_provider, text_events
 from ..conftest import chat_body, chunk_event, decision_of, openai_provider, route_config, status_handler
@@ -218,6 +219,11 @@ async def test_a_client_that_leaves_cancels_every_racer(upstreams, proxy):
     [left] = finished
     assert (left.status, left.error) == (499, "client_closed_request")
     assert left.decision is not None and left.decision.route == "chat" and left.decision.status == 499
+    # ...and with the racers it had started, so the duplicate call is counted.
+    assert [name for name, _ in left.decision.race] == ["a", "b"]
+    assert left.decision.race[0].role == "leader" and left.decision.race[1].role.startswith("hedge 0.1")
+    assert [(a.name, a.outcome) for a in left.decision.attempts] == [("b", "lost")]
+    assert duplicate_calls(left.decision.race) == 1
 
 
 async def test_a_target_that_fails_every_measure_is_not_raced_for_free(upstreams, proxy):
