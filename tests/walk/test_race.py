@@ -323,6 +323,25 @@ class _Collect:
         pass
 
 
+async def burst(url: str, n: int) -> list[Any]:
+    """``n`` streamed requests that arrive together (each connection opened first); their decisions."""
+    sessions = [aiohttp.ClientSession() for _ in range(n)]
+    try:
+        for session in sessions:
+            async with session.get(url + "/v1/health") as resp:
+                await resp.read()
+
+        async def one(session: aiohttp.ClientSession) -> Any:
+            async with session.post(url + "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+                await resp.read()
+                return decision_of(dict(resp.headers))
+
+        return list(await asyncio.gather(*(one(s) for s in sessions)))
+    finally:
+        for session in sessions:
+            await session.close()
+
+
 async def test_a_racer_counts_in_flight_from_its_start_so_a_cold_burst_spreads(upstreams, proxy):
     # Three requests at once on a cold route: the first races a (measured) and b; the next must see
     # them in flight before their racer tasks have run, so it goes to c, not to a again.
@@ -332,21 +351,7 @@ async def test_a_racer_counts_in_flight_from_its_start_so_a_cold_burst_spreads(u
     # No token to race with: only the free first measures race (a free measure spends none, so the
     # start's token would let the third request race too and start c a second time).
     p.gateway.state.budget("chat", 0.1).tokens = 0.0
-    sessions = [aiohttp.ClientSession() for _ in range(3)]
-    try:
-        for session in sessions:  # open each connection first, so the three requests arrive together
-            async with session.get(p.url + "/v1/health") as resp:
-                await resp.read()
-
-        async def one(session: aiohttp.ClientSession) -> Any:
-            async with session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
-                await resp.read()
-                return decision_of(dict(resp.headers))
-
-        decisions = await asyncio.gather(*(one(s) for s in sessions))
-    finally:
-        for session in sessions:
-            await session.close()
+    decisions = await burst(p.url, 3)
     firsts = sorted(d.order_names[0] for d in decisions)
     assert len(c.starts) == 1 and firsts.count("c") == 1  # c, unmeasured and idle, got the second request
     assert len(a.starts) <= 2
@@ -497,21 +502,7 @@ async def test_a_cold_bursts_measure_races_on_a_token_it_has(upstreams, proxy):
                               fastest={"explore": 0}, hedge={"after": 5, "max_extra": 0.1})
     budget = p.gateway.state.budget("chat", 0.1)
     assert budget.tokens == 1.0  # the start's token
-    sessions = [aiohttp.ClientSession() for _ in range(3)]
-    try:
-        for session in sessions:  # open each connection first, so the three requests arrive together
-            async with session.get(p.url + "/v1/health") as resp:
-                await resp.read()
-
-        async def one(session: aiohttp.ClientSession) -> Any:
-            async with session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
-                await resp.read()
-                return decision_of(dict(resp.headers))
-
-        decisions = await asyncio.gather(*(one(s) for s in sessions))
-    finally:
-        for session in sessions:
-            await session.close()
+    decisions = await burst(p.url, 3)
     roles = sorted(role for d in decisions for _, role in d.race)
     assert "budget exhausted" not in roles, [d.race for d in decisions]
     assert roles.count("measure") == 3 and budget.refused == 0
