@@ -142,7 +142,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if hedge["leader"] is None:
             when = "no eligible target"
         elif hedge["learner"] is not None:
-            when = f"{hedge['learner']} races {hedge['leader']} to be measured, if paid for: no timed hedge"
+            when = (f"{hedge['learner']} is to be measured beside {hedge['leader']}, free the first time, "
+                    "else on the budget: no timed hedge then")
         elif hedge["delay_s"] is None:
             when = f"too few samples of {hedge['leader']} to hedge by time"
         else:

@@ -223,7 +223,9 @@ class Race:
         except asyncio.CancelledError:
             task = self.task
             if not self.interrupted or task is None or task.uncancel():
-                raise  # the client left (or the loop is closing): every racer goes too
+                # The client left (or the loop is closing): every racer goes too, and so does this.
+                self.inline.attempts.append(Attempt(target.name, "lost", self.walker.clock() - self.leader_started))
+                raise
             self.inline.attempts.append(Attempt(target.name, "lost", self.walker.clock() - self.leader_started))
             return False
         finally:

@@ -222,7 +222,7 @@ async def test_a_client_that_leaves_cancels_every_racer(upstreams, proxy):
     # ...and with the racers it had started, so the duplicate call is counted.
     assert [name for name, _ in left.decision.race] == ["a", "b"]
     assert left.decision.race[0].role == "leader" and left.decision.race[1].role.startswith("hedge 0.1")
-    assert [(a.name, a.outcome) for a in left.decision.attempts] == [("b", "lost")]
+    assert [(a.name, a.outcome) for a in left.decision.attempts] == [("a", "lost"), ("b", "lost")]
     assert duplicate_calls(left.decision.race) == 1
 
 
@@ -582,7 +582,8 @@ async def test_explain_names_the_leader_behind_a_learner(upstreams, proxy, capsy
     assert (explained["hedge"]["leader"], explained["hedge"]["learner"], explained["hedge"]["delay_s"]) == (
         "b", "a", None)  # a, unmeasured, races b from the start: no timer is armed then
     assert await asyncio.to_thread(main, ["explain", "chat", "--url", p.url]) == 0
-    assert "(a races b to be measured, if paid for: no timed hedge)" in capsys.readouterr().out
+    assert "(a is to be measured beside b, free the first time, else on the budget: no timed hedge then)" \
+        in capsys.readouterr().out
     _, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     assert decision_of(headers).race == (("a", "measure"), ("b", "leader"))
 
