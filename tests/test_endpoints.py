@@ -4,6 +4,7 @@ every answer."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 
@@ -200,3 +201,29 @@ async def test_a_messages_error_is_logged_with_the_size_the_client_got(proxy, up
     for rid, (status, _, body) in zip(["unknown", "failed", "bad"], answers, strict=True):
         assert status >= 400 and orjson.loads(body)["type"] == "error", body  # Anthropic's shape
         assert by_id[rid]["bytes"] == len(body), rid
+
+
+async def test_a_request_a_shutdowns_grace_cuts_is_logged_503_draining(proxy, upstreams):
+    """Not the client's leaving: firstbyte's drain ended it, and the log says so."""
+    started = asyncio.Event()
+
+    async def hangs(request: web.Request) -> web.Response:
+        started.set()
+        await asyncio.sleep(30)
+        return web.json_response({})
+
+    stream = io.StringIO()
+    access = AccessLog(AccessLogConfig(format="json"), stream=stream)
+    up = await upstreams({"/v1/chat/completions": hangs})
+    p = await proxy(route_config([{"provider": "gpt", "model": "m"}], {"gpt": openai_provider(up.url)}),
+                    observers=[access])
+    post = asyncio.create_task(p.post("/v1/chat/completions", {"model": "chat", "messages": []},
+                                      headers={"x-request-id": "cut"}))
+    await asyncio.wait_for(started.wait(), 5)
+    p.gateway.draining = True  # as `firstbyte serve` sets it on SIGTERM
+    await p.stop()  # the runner's grace (1 s) runs out and the handler is cancelled
+    post.cancel()
+    await asyncio.gather(post, return_exceptions=True)
+    await access.close()
+    [line] = [json.loads(raw) for raw in stream.getvalue().splitlines()]
+    assert (line["id"], line["status"], line["error"], line["route"]) == ("cut", 503, "draining", "chat")

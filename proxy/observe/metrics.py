@@ -25,7 +25,7 @@ from typing import cast
 from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
 
 from ..config import Config
-from ..routing.decision import duplicate_calls
+from ..routing.decision import RACE_WORDS, duplicate_calls
 from . import Finished
 
 __all__ = [
@@ -60,10 +60,7 @@ OUTCOME_WORDS = frozenset(
         "invalid",  # a buffered 2xx that is not a JSON object
         "empty",  # a stream that ended before any content
         "malformed",
-        "lost",  # a racer cancelled because another committed first
-        "measured",  # a racer that lost but ran on to its own first token
-        "measuring",
-        "capped",  # an explored racer cut at its cap before its own first token
+        *RACE_WORDS,  # a racer's end: lost, measuring, measured, capped
     }
 )
 MAX_PENDING = 10000  # first-chunk observations held between scrapes before they are applied anyway

@@ -53,7 +53,10 @@ PRICE = "/M"
 TOTAL = ""
 
 
-RACE_WORDS = frozenset({"lost", "measuring", "measured", "capped"})  # a racer's end, not a failure
+# A racer's end, not a failure: ``lost`` (cut when another committed, or the client left),
+# ``measuring`` (an explored loser still running to its own first token), ``measured`` (it got
+# there), ``capped`` (cut at its cap first).
+RACE_WORDS = frozenset({"lost", "measuring", "measured", "capped"})
 
 
 class Ranked(NamedTuple):

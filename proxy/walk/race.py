@@ -221,12 +221,11 @@ class Race:
             over = await self.walker.try_target(self.inline, self.route, target, self.providers, self.call,
                                                 target.name == self.rescued)
         except asyncio.CancelledError:
+            # Cut: a racer committed first, or the client left (or the loop is closing).
+            self.inline.attempts.append(Attempt(target.name, "lost", self.walker.clock() - self.leader_started))
             task = self.task
             if not self.interrupted or task is None or task.uncancel():
-                # The client left (or the loop is closing): every racer goes too, and so does this.
-                self.inline.attempts.append(Attempt(target.name, "lost", self.walker.clock() - self.leader_started))
-                raise
-            self.inline.attempts.append(Attempt(target.name, "lost", self.walker.clock() - self.leader_started))
+                raise  # the client left: every racer goes too
             return False
         finally:
             self.leader = None
