@@ -15,7 +15,7 @@ from ..config import Config
 from . import Observer
 from .accesslog import AccessLog
 from .ledger import Ledger
-from .metrics import Metrics, names_from_config
+from .metrics import Metrics, hedged_from_config, names_from_config
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
@@ -52,7 +52,7 @@ class Hub:
         ledger moves lands in one of them, never in a closed one."""
         old = self.config
         self.config = config
-        self.metrics.reconfigure(*names_from_config(config))
+        self.metrics.reconfigure(*names_from_config(config), hedged_from_config(config))
         retired: list[Observer] = []
         if config.access_log != old.access_log:
             retired.append(self.access_log)

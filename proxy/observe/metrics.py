@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
@@ -34,6 +34,7 @@ __all__ = [
     "FIRST_REASONS",
     "OUTCOME_WORDS",
     "Metrics",
+    "hedged_from_config",
     "names_from_config",
 ]
 
@@ -83,6 +84,12 @@ def names_from_config(config: Config) -> tuple[set[str], set[str]]:
     targets = {t.name for route in config.routes.values() for t in route.targets}
     targets |= {f"{provider}/{model}" for provider, model in config.target_keys()}
     return routes, targets
+
+
+def hedged_from_config(config: Config) -> dict[str, tuple[str, ...]]:
+    """The routes with ``hedge`` and their target names: their race series exist from the start."""
+    return {name: tuple(t.name for t in route.targets)
+            for name, route in config.routes.items() if route.hedge is not None}
 
 
 # Every series, in the order /metrics lists them: (attribute, kind, name, help).
@@ -147,7 +154,8 @@ class Metrics:
     connections: Gauge
     connections_closed: Counter
 
-    def __init__(self, known_routes: Iterable[str] = (), known_targets: Iterable[str] = ()) -> None:
+    def __init__(self, known_routes: Iterable[str] = (), known_targets: Iterable[str] = (),
+                 hedged: Mapping[str, Iterable[str]] | None = None) -> None:
         self.routes = frozenset(known_routes)
         self.targets = frozenset(known_targets)
         self.registry = Registry()
@@ -167,12 +175,14 @@ class Metrics:
         self._counts: dict[_Key, int] = {}
         self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
         self._observed: list[tuple[str, float]] = []
+        self._expect_races(hedged or {})
 
     @classmethod
     def from_config(cls, config: Config) -> Metrics:
-        return cls(*names_from_config(config))
+        return cls(*names_from_config(config), hedged_from_config(config))
 
-    def reconfigure(self, routes: Iterable[str], targets: Iterable[str]) -> None:
+    def reconfigure(self, routes: Iterable[str], targets: Iterable[str],
+                    hedged: Mapping[str, Iterable[str]] | None = None) -> None:
         """Take a reloaded config's names; gauges of targets that left are removed."""
         self._apply()  # what was counted before the reload keeps the names it had then
         self.routes = frozenset(routes)
@@ -181,6 +191,22 @@ class Metrics:
             for labels, _ in gauge.get_all():
                 if labels.get("target") not in self.targets:
                     del gauge.values[labels]
+        self._expect_races(hedged or {})
+
+    def _expect_races(self, hedged: Mapping[str, Iterable[str]]) -> None:
+        """A hedged route's race series read 0 before its first race, not absent: ``rate()`` and
+        ``increase()`` over a series that does not exist yet give nothing, and an alert on the
+        budget running dry would stay silent until the first refusal. A series already counting
+        keeps its value."""
+        for route, targets in hedged.items():
+            by_route = {"route": self._route(route)}
+            for counter in (self.hedges, self.duplicates, self.budget_exhausted):
+                if by_route not in counter.values:
+                    counter.set(by_route, 0)
+            for target in targets:
+                by_target = {"target": self._target(target)}
+                if by_target not in self.races_won.values:
+                    self.races_won.set(by_target, 0)
 
     # -- label bounding ----------------------------------------------------
 

@@ -4,9 +4,9 @@ import pytest
 from aioprometheus import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import Config, Provider, Route, Target
+from proxy.config import Config, Hedge, Provider, Route, Target
 from proxy.observe import Finished
-from proxy.observe.metrics import FIRST_CHUNK_BUCKETS, Metrics, names_from_config
+from proxy.observe.metrics import FIRST_CHUNK_BUCKETS, Metrics, hedged_from_config, names_from_config
 from proxy.routing.decision import Attempt, Decision, Excluded, Racer, Ranked
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -280,3 +280,35 @@ def test_races_are_counted_hedges_wins_duplicates_and_refusals() -> None:
     assert value(samples, "firstbyte_hedge_budget_exhausted_total", route="chat") == 1
     assert value(samples, "firstbyte_attempts_total", target="groq", outcome="lost") == 1
     assert value(samples, "firstbyte_attempts_total", target="openai", outcome="measuring") == 1
+
+
+def test_a_hedged_routes_race_series_read_zero_before_its_first_race_and_keep_their_counts_on_reload() -> None:
+    config = Config(
+        providers={"groq": Provider("groq", "openai", "https://x")},
+        routes={
+            "chat": Route("chat", "fastest", (Target("fast", "groq", "llama-3"), Target("slow", "groq", "llama-2")),
+                          hedge=Hedge()),
+            "plain": Route("plain", "ordered", (Target("other", "groq", "llama-1"),)),
+        },
+    )
+    assert hedged_from_config(config) == {"chat": ("fast", "slow")}
+    metrics = Metrics.from_config(config)
+    samples, _, _ = scrape(metrics)
+    for name in ("firstbyte_hedges_total", "firstbyte_duplicate_calls_total",
+                 "firstbyte_hedge_budget_exhausted_total"):
+        assert value(samples, name, route="chat") == 0
+        assert (name, frozenset({("route", "plain")})) not in samples  # no race can happen there
+    assert value(samples, "firstbyte_races_won_total", target="fast") == 0
+    assert value(samples, "firstbyte_races_won_total", target="slow") == 0
+    assert (("firstbyte_races_won_total", frozenset({("target", "other")}))) not in samples
+
+    metrics.on_finished(finished(Decision(
+        id="r1", route="chat", strategy="fastest", order=(Ranked("fast", "fastest", 0.3), Ranked("slow", None, 0.8)),
+        attempts=(Attempt("fast", "lost", 0.5), Attempt("slow", "200", 0.2, ttfc=0.2)), served="slow",
+        status=200, race=(Racer("fast", "leader"), Racer("slow", "hedge 0.40s")),
+    )))
+    metrics.reconfigure(*names_from_config(config), hedged_from_config(config))
+    samples, _, _ = scrape(metrics)
+    assert value(samples, "firstbyte_hedges_total", route="chat") == 1
+    assert value(samples, "firstbyte_races_won_total", target="slow") == 1
+    assert value(samples, "firstbyte_races_won_total", target="fast") == 0
