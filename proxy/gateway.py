@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from .config import KINDS, Config
 from .observe import Finished, Observer
 from .observe.ledger_read import measured_costs
@@ -30,6 +28,7 @@ from .scrub import Scrubber
 from .sim.transport import SimTransport
 from .state import State
 from .walk.deadlines import Deadlines
+from .walk.http1 import Pool
 from .walk.limiter import Limiters
 from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
@@ -61,7 +60,7 @@ class Gateway:
         self.limiters = Limiters()
         self._sweeper: asyncio.Task[None] | None = None
         self._finished: list[Finished] = []
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: Pool | None = None
         self.sim = SimTransport()
         self.walker: Walker | None = None
         self.draining = False
@@ -106,14 +105,10 @@ class Gateway:
         return self.rngs.get(route) or self._shared_rng
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
-        # No cookie jar: one shared session serves every client, so an upstream's Set-Cookie for
-        # one client's call must never ride along on another's.
-        self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        http = HttpTransport(self.session, self.scrubber)
+        # No cookie jar, no redirects, no User-Agent: one pool serves every client, and an
+        # upstream's Set-Cookie for one client's call must never ride along on another's.
+        self.pool = Pool()
+        http = HttpTransport(self.pool, self.scrubber)
         transports: dict[str, Transport] = {kind: self.sim if kind == "simulated" else http for kind in KINDS}
         self.walker = Walker(self.state, transports, clock=self.clock, deadlines=self.deadlines,
                              limiters=self.limiters)
@@ -130,8 +125,8 @@ class Gateway:
         if self.costs is not None:
             await self.costs.close()
         self.notify_observers()  # what finished during the drain reaches the observers; their owner closes them
-        if self.session is not None:
-            await self.session.close()
+        if self.pool is not None:
+            self.pool.close()
 
     def finished(self, finished: Finished) -> None:
         """Queue a finished exchange for the observers.

@@ -14,6 +14,7 @@ count is not an answer, and its speed says nothing about the model's).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -89,19 +90,22 @@ def count_tokens(gw: Gateway) -> Any:
 async def _ask_anthropic(gw: Gateway, provider: Provider, target: Target, body: dict[str, Any],
                          beta: str | None) -> tuple[int, bytes] | str:
     """Anthropic's own count: (status, body) to answer with, or why to move on."""
-    session = gw.session
-    if session is None:
+    pool = gw.pool
+    if pool is None:
         return "not started"
     headers = anthropic_headers(provider, beta)
     upstream_body = orjson.dumps({**body, "model": target.model})
-    timeout = aiohttp.ClientTimeout(total=provider.timeouts.first_chunk, sock_connect=provider.timeouts.connect)
     started = time.monotonic()
     try:
-        async with session.post(provider.base_url + "/messages/count_tokens", data=upstream_body,
-                                headers=headers, timeout=timeout, allow_redirects=False) as resp:
-            answer = await resp.content.read(MAX_ANSWER)
-            status = resp.status
-            retry = resp.headers
+        async with asyncio.timeout(provider.timeouts.first_chunk):
+            reply = await pool.request("POST", provider.base_url + "/messages/count_tokens", headers,
+                                       upstream_body, provider.timeouts.connect)
+            try:
+                answer = await reply.content.read(MAX_ANSWER)
+            finally:
+                pool.release(reply)
+        status = reply.status
+        retry = reply.headers
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         return f"{type(exc).__name__} after {time.monotonic() - started:.2f}s"
     if 200 <= status < 300:

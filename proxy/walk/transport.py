@@ -20,6 +20,7 @@ from ..bounds import YIELD_EVERY
 from ..config import Provider
 from ..providers.base import UpstreamRequest
 from ..scrub import Scrubber
+from .http1 import Answer, ConnectFailed, Pool
 
 
 class Upstream(Protocol):
@@ -65,15 +66,13 @@ UPSTREAM_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, aiohttp.Client
 def failure_of(exc: BaseException) -> tuple[str, str] | None:
     """A transport failure's word and message, or None when ``exc`` is not one.
 
-    The order matters: a certificate error is a connector error, which is a client error."""
+    The order matters: a failed connect is a client error too."""
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return "timeout", "upstream did not answer in time"
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError | ssl.SSLError):
+    if isinstance(exc, ConnectFailed):
+        return exc.kind, exc.message
+    if isinstance(exc, ssl.SSLError):
         return "tls", f"TLS failure talking to upstream: {exc}"
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return "dns", f"cannot resolve upstream host: {exc}"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "refused", f"cannot connect to upstream: {exc.os_error}"
     if isinstance(exc, aiohttp.ClientError | OSError):
         return "reset", f"upstream connection failed: {type(exc).__name__}"
     return None
@@ -89,7 +88,7 @@ def break_of(exc: BaseException) -> str:
 
 
 class HttpUpstream:
-    """An aiohttp response as an :class:`Upstream`.
+    """An answer of :mod:`proxy.walk.http1` as an :class:`Upstream`.
 
     An identity body is read with aiohttp's own ``readany`` (no wrapper per
     chunk: this is the relay's hot path). A compressed one is inflated by aiohttp
@@ -99,19 +98,22 @@ class HttpUpstream:
     An error body (not 2xx) has every configured secret scrubbed from it.
     """
 
-    __slots__ = ("_encoded", "_resp", "_scrubber", "_unyielded", "chunk", "headers", "status")
+    __slots__ = ("_answer", "_content", "_encoded", "_pool", "_scrubber", "_unyielded", "chunk", "headers",
+                 "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, scrubber: Scrubber | None = None) -> None:
-        self._resp = resp
+    def __init__(self, answer: Answer, pool: Pool, scrubber: Scrubber | None = None) -> None:
+        self._answer = answer
+        self._pool = pool
+        self._content = answer.content
         self._scrubber = scrubber
-        self.status = resp.status
-        self.headers: Mapping[str, str] = resp.headers
-        self._encoded = resp.headers.get("content-encoding", "identity").lower() != "identity"
+        self.status = answer.status
+        self.headers: Mapping[str, str] = answer.headers
+        self._encoded = answer.headers.get("content-encoding", "identity").lower() != "identity"
         self._unyielded = 0
-        self.chunk: Callable[[], Awaitable[bytes]] = self._inflated if self._encoded else resp.content.readany
+        self.chunk: Callable[[], Awaitable[bytes]] = self._inflated if self._encoded else self._content.readany
 
     async def _inflated(self) -> bytes:
-        data = await self._resp.content.readany()
+        data = await self._content.readany()
         self._unyielded += len(data)
         if self._unyielded >= YIELD_EVERY:
             self._unyielded = 0
@@ -133,40 +135,24 @@ class HttpUpstream:
         return body
 
     def at_eof(self) -> bool:
-        return self._resp.content.at_eof()
+        return self._content.at_eof()
 
     def abort(self, exc: BaseException) -> None:
-        self._resp.content.set_exception(exc)
+        self._content.set_exception(exc)
 
     def close(self) -> None:
-        if self._resp.content.at_eof():
-            self._resp.release()
-        else:
-            self._resp.close()
+        self._pool.release(self._answer)
 
 
 class HttpTransport:
-    def __init__(self, session: aiohttp.ClientSession, scrubber: Scrubber | None = None) -> None:
-        self.session = session
-        self.scrubber = scrubber
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+    """Upstream calls over :class:`~proxy.walk.http1.Pool`: the only deadline it keeps is the
+    connect one; first chunk, idle and total are kept by ``proxy.walk.deadlines``, without a
+    timer armed per attempt or re-armed on every read."""
 
-    def timeout(self, provider: Provider) -> aiohttp.ClientTimeout:
-        connect = provider.timeouts.connect
-        timeout = self._timeouts.get(connect)
-        if timeout is None:
-            # Only the connect deadline is aiohttp's: first chunk, idle and total are kept by
-            # proxy.walk.deadlines, without a timer armed per attempt or re-armed on every read.
-            timeout = self._timeouts[connect] = aiohttp.ClientTimeout(total=None, sock_connect=connect)
-        return timeout
+    def __init__(self, pool: Pool, scrubber: Scrubber | None = None) -> None:
+        self.pool = pool
+        self.scrubber = scrubber
 
     async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
-        resp = await self.session.request(
-            req.method,
-            req.url,
-            data=req.body,
-            headers=req.headers,
-            timeout=self._timeouts.get(provider.timeouts.connect) or self.timeout(provider),  # a call per send saved
-            allow_redirects=False,
-        )
-        return HttpUpstream(resp, self.scrubber)
+        answer = await self.pool.request(req.method, req.url, req.headers, req.body, provider.timeouts.connect)
+        return HttpUpstream(answer, self.pool, self.scrubber)
