@@ -19,7 +19,7 @@ import asyncio
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import aiohttp
@@ -28,7 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-__all__ = ["ConnectFailed", "Origin", "Pool"]
+__all__ = ["ConnectFailed", "MalformedAnswer", "Origin", "Pool"]
 
 KEEPALIVE = 15.0  # an idle connection older than this is closed, not reused (aiohttp's default)
 READ_BUFSIZE = 2**16
@@ -44,6 +44,10 @@ class ConnectFailed(aiohttp.ClientConnectionError):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+class MalformedAnswer(aiohttp.ClientError):
+    """The upstream's status line or headers could not be parsed as HTTP/1.1."""
 
 
 class Origin(NamedTuple):
@@ -100,9 +104,11 @@ class Answer(NamedTuple):
 class Pool:
     """Connections kept open per origin, reused last-in first-out so the warm ones stay warm."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None = None, keepalive: float = KEEPALIVE) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None, keepalive: float = KEEPALIVE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._ssl = ssl_context
         self._keepalive = keepalive
+        self._clock = clock
         self._idle: dict[Origin, list[tuple[Connection, float]]] = {}
         self._endpoints: dict[str, Endpoint] = {}
         self._closed = False
@@ -137,9 +143,7 @@ class Pool:
                 while 100 <= message.code < 200:  # informational (100 Continue, 103): the answer follows
                     message, content = await protocol.read()
             except HttpProcessingError as exc:
-                raise aiohttp.ClientResponseError(
-                    None, (), status=exc.code, message=f"malformed answer: {exc.message}",  # type: ignore[arg-type]
-                ) from exc
+                raise MalformedAnswer(exc.message) from exc
         except BaseException:
             protocol.close()
             raise
@@ -150,7 +154,7 @@ class Pool:
         protocol = answer.protocol
         if (answer.content.at_eof() and not protocol.should_close and protocol.is_connected()
                 and not self._closed):
-            self._idle.setdefault(protocol.origin, []).append((protocol, time.monotonic()))
+            self._idle.setdefault(protocol.origin, []).append((protocol, self._clock()))
             return
         protocol.close()
 
@@ -165,7 +169,7 @@ class Pool:
         idle = self._idle.get(origin)
         if not idle:
             return None
-        now = time.monotonic()
+        now = self._clock()
         while idle:
             protocol, since = idle.pop()
             if protocol.is_connected() and not protocol.should_close and now - since < self._keepalive:

@@ -20,7 +20,7 @@ from ..bounds import YIELD_EVERY
 from ..config import Provider
 from ..providers.base import UpstreamRequest
 from ..scrub import Scrubber
-from .http1 import Answer, ConnectFailed, Pool
+from .http1 import Answer, ConnectFailed, MalformedAnswer, Pool
 
 
 class Upstream(Protocol):
@@ -71,6 +71,8 @@ def failure_of(exc: BaseException) -> tuple[str, str] | None:
         return "timeout", "upstream did not answer in time"
     if isinstance(exc, ConnectFailed):
         return exc.kind, exc.message
+    if isinstance(exc, MalformedAnswer):
+        return "reset", f"upstream sent a malformed answer: {str(exc).splitlines()[0]}"
     if isinstance(exc, ssl.SSLError):
         return "tls", f"TLS failure talking to upstream: {exc}"
     if isinstance(exc, aiohttp.ClientError | OSError):
