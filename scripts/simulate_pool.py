@@ -376,6 +376,20 @@ def summarise(calls: list[dict[str, Any]], shift_t: float | None,
     return out
 
 
+def pooled(reps: list[dict[str, Any]], oracle_summary: dict[str, Any] | None, loaded: bool) -> dict[str, Any]:
+    """Several repeats of one run as one: means and percentiles over all their calls (the oracle's
+    too, so one lucky or unlucky oracle run cannot decide a ratio), follow as the median of the
+    repeats' own (each has its shift), and each repeat's ``x oracle`` against the pooled oracle."""
+    calls = [c for r in reps for c in r["calls"]]
+    summary = summarise(calls, None, oracle_summary, loaded)
+    each = [summarise(r["calls"], r["shift_t"], oracle_summary or summary, loaded) for r in reps]
+    follows = [e["follow_requests"] for e in each if e["follow_requests"] is not None]
+    summary["follow_requests"] = round(statistics.median(follows)) if follows else None
+    summary["repeats_vs_oracle"] = [e["vs_oracle"] for e in each]
+    summary["cold_flood"] = each[0]["cold_flood"]
+    return {**reps[0], "calls": calls, "summary": summary}
+
+
 def run_length(args: argparse.Namespace, scenario: dict[str, Any]) -> tuple[float, int]:
     """Seconds of load and concurrency: the scenario's own (``run``) unless given on the command line."""
     run = scenario.get("run", {})
@@ -605,6 +619,8 @@ def main() -> int:
     p.add_argument("--proxy-dir", default=None,
                    help="a directory holding a variant of proxy/ to serve every run but the oracle (to measure "
                         "a proposed routing change without editing proxy/)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per strategy, interleaved with as many oracle runs; ratios over all of them pooled")
     p.add_argument("--dump-calls", action="store_true", help="keep every call's record in the JSON")
     p.add_argument("--tag", default="", help="suffix of the output files (simulate-pool-TAG.json)")
     args = p.parse_args()
@@ -624,23 +640,35 @@ def main() -> int:
     for scenario in args.scenarios:
         strategies = args.strategies or (RACE_STRATEGIES if scenario in RACE_SCENARIOS else DEFAULT_STRATEGIES)
         seconds, concurrency = run_length(args, SCENARIOS[scenario])
+        loaded = any(SCENARIOS[scenario][n].get("load_ms") for n in NAMES)
+        repeats: dict[str, list[dict[str, Any]]] = {}
+        for rep in range(args.repeats):  # oracle, strategies, oracle, strategies…: each meets the same machine
+            for strategy in (ORACLE, *strategies):
+                print(f"{scenario} / {strategy}" + (f" ({rep + 1}/{args.repeats})" if args.repeats > 1 else "")
+                      + "…", file=sys.stderr, flush=True)
+                run = run_one(args, tmp, scenario, strategy)
+                if loaded:
+                    loaded_choice(run["calls"], SCENARIOS[scenario], run["offsets"], seconds + args.lead)
+                repeats.setdefault(strategy, []).append(run)
         runs = {}
         for strategy in (ORACLE, *strategies):
-            print(f"{scenario} / {strategy}…", file=sys.stderr, flush=True)
-            run = run_one(args, tmp, scenario, strategy)
-            loaded = any(SCENARIOS[scenario][n].get("load_ms") for n in NAMES)
-            if loaded:
-                loaded_choice(run["calls"], SCENARIOS[scenario], run["offsets"], seconds + args.lead)
-            run["summary"] = summarise(run["calls"], run["shift_t"],
-                                       None if strategy == ORACLE else runs[ORACLE]["summary"], loaded)
-            sims = run["sims"]
-            ok = len(run["calls"]) - run["summary"]["errors"]
+            reps = repeats[strategy]
+            oracle_summary = None if strategy == ORACLE else runs[ORACLE]["summary"]
+            if len(reps) == 1:
+                run = reps[0]
+                run["summary"] = summarise(run["calls"], run["shift_t"], oracle_summary, loaded)
+            else:
+                run = pooled(reps, oracle_summary, loaded)
+            ok = sum(len(r["calls"]) for r in reps) - run["summary"]["errors"]
+            requests = sum(len(r["calls"]) for r in reps)
             # The simulators' side: calls each began answering, beyond one per answered request.
-            run["summary"]["sim_served"] = {n: sims[n]["served"] for n in NAMES}
-            run["summary"]["sim_dup_share"] = (sum(sims[n]["served"] for n in NAMES) - ok) / len(run["calls"])
-            run["summary"]["stalled"] = sum(sims[n].get("stalled", 0) for n in NAMES)
-            # Calls each simulator had begun when its first first chunk went out: the cold start's flood.
-            run["summary"]["cold_flood"] = {n: sims[n].get("cold") or 0 for n in NAMES}
+            served = {n: sum(r["sims"][n]["served"] for r in reps) for n in NAMES}
+            run["summary"]["sim_served"] = served
+            run["summary"]["sim_dup_share"] = (sum(served.values()) - ok) / requests
+            run["summary"]["stalled"] = sum(r["sims"][n].get("stalled", 0) for r in reps for n in NAMES)
+            # Calls each simulator had begun when its first first chunk went out: the cold start's flood
+            # (the first repeat's: each repeat starts cold).
+            run["summary"]["cold_flood"] = {n: reps[0]["sims"][n].get("cold") or 0 for n in NAMES}
             run["summary"]["seconds"], run["summary"]["concurrency"] = seconds, concurrency
             runs[strategy] = run
         span = seconds + args.lead

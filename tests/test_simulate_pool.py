@@ -60,6 +60,25 @@ def test_ratios_are_to_the_measured_oracle_and_to_the_schedule(pool: ModuleType)
     assert run["on_oracle"] == 0.0 and run["share"] == {"A": 0.0, "B": 1.0, "C": 0.0}
 
 
+def test_repeats_pool_their_calls_and_each_repeat_reads_against_the_pooled_oracle(pool: ModuleType) -> None:
+    lucky, unlucky = calls("A", [20.0] * 20), calls("A", [24.0] * 20)
+    oracle = pool.pooled([{"calls": lucky, "shift_t": None}, {"calls": unlucky, "shift_t": None}], None, False)
+    assert oracle["summary"]["mean_ms"] == pytest.approx(22.0)  # not whichever oracle run came first
+    assert oracle["summary"]["vs_oracle"] == 1.0
+    assert oracle["summary"]["repeats_vs_oracle"] == pytest.approx([20.0 / 22.0, 24.0 / 22.0])
+    shifted = calls("B", [22.0] * 10) + calls("A", [22.0] * 30)  # reaches the new best A after ten
+    for i, call in enumerate(shifted):
+        call["t"] = i * 0.01
+    reps = [{"calls": calls("A", [21.0] * 40), "shift_t": 0.0}, {"calls": shifted, "shift_t": 0.0}]
+    run = pool.pooled(reps, oracle["summary"], False)
+    assert run["summary"]["mean_ms"] == pytest.approx(21.5)
+    assert run["summary"]["vs_oracle"] == pytest.approx(21.5 / 22.0)
+    assert run["summary"]["repeats_vs_oracle"] == pytest.approx([21.0 / 22.0, 1.0])
+    assert [pool.follow(r["calls"], 0.0) for r in reps] == [0, 6]
+    assert run["summary"]["follow_requests"] == 3  # the median of the repeats' own, each from its shift
+    assert len(run["calls"]) == 80
+
+
 def test_follow_counts_requests_until_sixteen_of_twenty_reach_the_new_best(pool: ModuleType) -> None:
     before = calls("A", [20.0] * 10, oracle="A")
     lagging = calls("A", [20.0] * 7, oracle="B")

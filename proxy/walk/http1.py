@@ -19,6 +19,7 @@ import asyncio
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -109,7 +110,7 @@ class Pool:
         self._ssl = ssl_context
         self._keepalive = keepalive
         self._clock = clock
-        self._idle: dict[Origin, list[tuple[Connection, float]]] = {}
+        self._idle: dict[Origin, deque[tuple[Connection, float]]] = {}
         self._endpoints: dict[str, Endpoint] = {}
         self._closed = False
 
@@ -154,7 +155,15 @@ class Pool:
         protocol = answer.protocol
         if (answer.content.at_eof() and not protocol.should_close and protocol.is_connected()
                 and not self._closed):
-            self._idle.setdefault(protocol.origin, []).append((protocol, self._clock()))
+            now = self._clock()
+            idle = self._idle.get(protocol.origin)
+            if idle is None:
+                idle = self._idle[protocol.origin] = deque()
+            idle.append((protocol, now))
+            # The oldest idle connections sit at the bottom, which a busy origin never reaches:
+            # each release closes those past keep-alive or already closed by the upstream.
+            while idle and (now - idle[0][1] >= self._keepalive or not idle[0][0].is_connected()):
+                idle.popleft()[0].close()
             return
         protocol.close()
 

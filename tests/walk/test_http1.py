@@ -306,3 +306,20 @@ async def test_a_closed_pool_closes_its_idle_connections_and_opens_no_more(serve
     await until(lambda: server.closed == 1)
     with pytest.raises(aiohttp.ClientConnectionError, match="closed"):
         await pool.request("POST", server.url + "/", {}, b"", 5.0)
+
+
+async def test_a_busy_origin_closes_the_idle_connections_it_no_longer_reaches(serve) -> None:  # type: ignore[no-untyped-def]
+    now = [100.0]
+    server = await serve(lambda _: reply(b"{}"))
+    pool = Pool(keepalive=15.0, clock=lambda: now[0])
+    answers = [await pool.request("POST", server.url + "/", {}, b"", 5.0) for _ in range(3)]  # a burst of three
+    for answer in answers:
+        await answer.content.read()
+        pool.release(answer)
+    for _ in range(4):  # then one call at a time, every 6 s: the newest connection serves each
+        now[0] += 6.0
+        await whole(pool, server.url + "/")
+    assert server.connections == 3
+    await until(lambda: server.closed == 2)  # the two left at the bottom since t=100, past keep-alive
+    pool.close()
+    await until(lambda: server.closed == 3)
