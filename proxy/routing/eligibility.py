@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..config import Provider, Route, Target, TargetKey
 from ..state.breaker import Health
@@ -86,19 +86,33 @@ def hard_reason(
     )
 
 
-def eligible(
-    route: Route,
-    providers: Mapping[str, Provider],
-    tokens: int | None,
-    state: HealthView,
-    now: float,
-) -> Eligible:
-    """What may serve this request, and one reason for every target removed."""
-    kept: list[Target] = []
+class _Hard(NamedTuple):
+    """The hard filters' verdict on a route's targets: who passed, who did not and why."""
+
+    route: Route
+    providers: Mapping[str, Provider]
+    passed: tuple[Target, ...]
+    excluded: tuple[Excluded, ...]
+    codes: tuple[str, ...]  # capability's codes, in written order
+    lifted: bool  # a removal time or an operator can lift: credentials
+
+
+# Without a request size the hard filters read only the config, so their verdict per route is kept
+# (a reload brings new Route objects, hence new entries). Keyed by identity and checked against the
+# objects held, so an id reused after a route is gone never matches.
+_HARD: dict[int, _Hard] = {}
+_HARD_MAX = 512  # a provider/model pin makes a route per request: the memo is cleared, not grown
+
+
+def _hard_filters(route: Route, providers: Mapping[str, Provider], tokens: int | None) -> _Hard:
+    if tokens is None:
+        known = _HARD.get(id(route))
+        if known is not None and known.route is route and known.providers is providers:
+            return known
+    passed: list[Target] = []
     excluded: list[Excluded] = []
-    unhealthy: list[tuple[Target, Health]] = []
-    codes: list[str] = []  # capability's codes, in written order
-    lifted = False  # a removal time or an operator can lift: credentials (health is below)
+    codes: list[str] = []
+    lifted = False
     for target in route.targets:
         reason = access_reason(route, target)
         if reason is None:
@@ -109,14 +123,38 @@ def eligible(
         if reason is None:
             reason = credentials_reason(target, providers)
             lifted = lifted or reason is not None
-        if reason is not None:
+        if reason is None:
+            passed.append(target)
+        else:
             excluded.append(Excluded(target.name, reason))
-            continue
+    hard = _Hard(route, providers, tuple(passed), tuple(excluded), tuple(codes), lifted)
+    if tokens is None:
+        if len(_HARD) >= _HARD_MAX:
+            _HARD.clear()
+        _HARD[id(route)] = hard
+    return hard
+
+
+def eligible(
+    route: Route,
+    providers: Mapping[str, Provider],
+    tokens: int | None,
+    state: HealthView,
+    now: float,
+) -> Eligible:
+    """What may serve this request, and one reason for every target removed."""
+    hard = _hard_filters(route, providers, tokens)
+    kept: list[Target] = []
+    unhealthy: list[tuple[Target, Health]] = []
+    for target in hard.passed:
         health = state.health(target.key, now)
         if health.usable:
             kept.append(target)
         else:
             unhealthy.append((target, health))
+    if not unhealthy:  # the common case: health removed nobody, so everyone who passed is kept
+        return Eligible(hard.passed, hard.excluded, None, None if kept else _unservable(hard))
+    excluded = list(hard.excluded)
     rescued = None
     if not kept and unhealthy:
         # Health alone would empty the pool: keep the one soonest to reopen.
@@ -126,7 +164,12 @@ def eligible(
     for target, health in unhealthy:
         if target.name != rescued:
             excluded.append(Excluded(target.name, health.reason))
-    unservable = None
-    if not kept and codes and not lifted:
-        unservable = "context_length_exceeded" if "context_length_exceeded" in codes else codes[0]
-    return Eligible(tuple(kept), tuple(excluded), rescued, unservable)
+    return Eligible(tuple(kept), tuple(excluded), rescued, None if kept else _unservable(hard))
+
+
+def _unservable(hard: _Hard) -> str | None:
+    """Nothing left, and only the request's size or the route's floors removed it besides allow/deny."""
+    codes = hard.codes
+    if not codes or hard.lifted:
+        return None
+    return "context_length_exceeded" if "context_length_exceeded" in codes else codes[0]

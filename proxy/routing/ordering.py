@@ -36,6 +36,9 @@ class FigureView(Protocol):
 class OrderView(FigureView, ScoreView, Protocol):
     """What ordering reads of the state snapshot."""
 
+    def figures(self, key: TargetKey, policy: Fastest, now: float, mode: str,
+                fast_alpha: float) -> tuple[float | None, float | None]: ...
+
     def in_flight(self, key: TargetKey, mode: str | None = ...) -> int: ...
 
     def age(self, key: TargetKey, now: float, mode: str = ...) -> float | None: ...
@@ -49,23 +52,16 @@ RECOVERY_ALPHA = 0.8  # mostly the newest sample or two
 RECOVERY_FACTOR = 2.0  # a figure halved by them is a recovery, not jitter
 
 
-@lru_cache(maxsize=64)
-def _recovery_policy(policy: Fastest) -> Fastest:
-    return replace(policy, signal="ewma", alpha=RECOVERY_ALPHA)
-
-
 def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest, now: float,
                     mode: str) -> Figures:
     """The figures ``fastest`` ranks by: the signal's, or the fast EWMA where that is under half of it;
     with ``load_fit``, moved along the target's load line to the calls it has in flight now; with
     ``load_aware``, times ``load_penalty`` (the requests the target already has in flight)."""
-    fast = _recovery_policy(policy)
     fit = policy.load_fit and len(targets) > 1  # a lone target is served at any load: nothing to move
     figures: Figures = {}
     for t in targets:
-        figure = state.figure(t.key, policy, now, mode)
+        figure, recent = state.figures(t.key, policy, now, mode, RECOVERY_ALPHA)
         if figure is not None:
-            recent = state.figure(t.key, fast, now, mode)
             if recent is not None and recent * RECOVERY_FACTOR < figure:
                 figure = recent
             if fit:

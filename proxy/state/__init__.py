@@ -49,6 +49,10 @@ class State:
     def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
         return self.tracker.figure(key, policy, now, mode)
 
+    def figures(self, key: TargetKey, policy: Fastest, now: float, mode: str,
+                fast_alpha: float) -> tuple[float | None, float | None]:
+        return self.tracker.figures(key, policy, now, mode, fast_alpha)
+
     def in_flight(self, key: TargetKey, mode: str | None = None) -> int:
         """Attempts in flight at the target: all of them (its load), or those of one mode (what
         is measuring that mode's figure)."""

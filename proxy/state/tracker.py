@@ -136,6 +136,20 @@ class Tracker:
             return series.p50(policy.window)
         return series.smoothed(policy.alpha)
 
+    def figures(self, key: TargetKey, policy: Fastest, now: float, mode: str,
+                fast_alpha: float) -> tuple[float | None, float | None]:
+        """``figure`` and, over the same samples under the same age and count rules, their EWMA of
+        weight ``fast_alpha``: what ``fastest`` ranks by, in one look (it runs per target per request)."""
+        series = self.modes[mode].get(key)
+        if series is None or series.newest_at is None:
+            return None, None
+        if now - series.newest_at > policy.max_age_secs:
+            return None, None
+        if min(len(series.samples), policy.window) < policy.min_samples:
+            return None, None
+        figure = series.p50(policy.window) if policy.signal == "p50" else series.smoothed(policy.alpha)
+        return figure, series.smoothed(fast_alpha)
+
     def age(self, key: TargetKey, now: float, mode: str = STREAMED) -> float | None:
         series = self.modes[mode].get(key)
         if series is None or series.newest_at is None:

@@ -319,3 +319,23 @@ def test_planner_is_pure_no_aiohttp() -> None:
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {m for m in names if m.split(".")[0] in ("aiohttp", "asyncio", "sqlite3", "socket", "time")}, path
+
+
+def test_the_hard_filters_verdict_is_kept_per_route_and_providers_not_reused_across_them() -> None:
+    """Without a request size the hard filters read only the config, so their verdict is kept per
+    route; a reload that takes a key away brings other providers, and the verdict must follow them."""
+    from proxy.routing.eligibility import eligible
+
+    raw = {"providers": {"a": {"kind": "simulated"},
+                         "keyed": {"kind": "openai", "base_url": "http://127.0.0.1:9", "api_key_env": "K"}},
+           "routes": {"chat": {"strategy": "ordered", "targets": [t("keyed"), t("a")]}}}
+    with_key, without_key = parse_config(raw, env={"K": "sk-test"}), parse_config(raw, env={})
+    route = with_key.routes["chat"]
+    state = State()
+    assert [x.name for x in eligible(route, with_key.providers, None, state, NOW).targets] == ["keyed", "a"]
+    assert [x.name for x in eligible(route, with_key.providers, None, state, NOW).targets] == ["keyed", "a"]
+    after = eligible(route, without_key.providers, None, state, NOW)
+    assert [x.name for x in after.targets] == ["a"]
+    assert [(x.name, x.reason) for x in after.excluded] == [("keyed", "no credentials")]
+    sized = eligible(route, with_key.providers, 10, state, NOW)  # a request size: computed, not kept
+    assert [x.name for x in sized.targets] == ["keyed", "a"]
