@@ -728,7 +728,9 @@ def main() -> int:
                 missed.append(f"p99 x{s['p99_vs_oracle']:.2f}")
             print(f"  {scenario:<21}{strategy:<19}x{s['vs_oracle']:.2f}  p99 x{s['p99_vs_oracle']:.2f}  "
                   f"dup {s['dup_share'] * 100:.1f} %  {'MET' if not missed else 'MISSED: ' + ', '.join(missed)}"
-                  f"  (x{fmt(s['choice_vs_sched'], '.2f')} choice)")
+                  f"  (x{fmt(s['choice_vs_sched'], '.2f')} choice"
+                  + ("; repeats " + " ".join(f"x{r:.2f}" for r in s["repeats_vs_oracle"])
+                     if "repeats_vs_oracle" in s else "") + ")")
     (OUT / f"simulate-pool{tag}.json").write_bytes(orjson.dumps(
         {"explore": explore, "alpha": alpha, "hedge": hedge,
          "goal": {"ratio": GOAL, "race_ratio": RACE_GOAL, "dup_share": DUP_GOAL, "stall_p99": STALL_P99_GOAL,

@@ -60,6 +60,25 @@ async def test_count_tokens_goes_to_an_anthropic_target(upstreams, proxy):
     await client.close()
 
 
+async def test_count_tokens_relays_an_answer_that_arrives_in_pieces_whole(upstreams, proxy):
+    async def count(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"input_tokens": ')
+        await asyncio.sleep(0.05)  # the rest in another read
+        await response.write(b'42, "note": "' + b"n" * 3000 + b'"}')
+        await response.write_eof()
+        return response
+
+    claude = await upstreams({"/v1/messages/count_tokens": count})
+    p = await proxy(route_config([{"provider": "claude", "model": "claude-x"}],
+                                 {"claude": anthropic_provider(claude.url)}))
+    status, headers, body = await p.post("/v1/messages/count_tokens", {
+        "model": "chat", "messages": [{"role": "user", "content": "hello"}]})
+    assert status == 200 and headers["x-token-count"] == "anthropic claude"
+    assert orjson.loads(body) == {"input_tokens": 42, "note": "n" * 3000}
+
+
 async def test_count_tokens_estimates_when_no_anthropic_target_answers(upstreams, proxy):
     claude = await upstreams({"/v1/messages/count_tokens": anthropic_error(529, "overloaded_error", "busy")})
     p = await proxy(route_config([{"provider": "claude", "model": "claude-x"}, {"provider": "sim", "model": "s"}],

@@ -29,6 +29,7 @@ from ..gateway import Gateway
 from ..providers.anthropic import anthropic_headers
 from ..routing.plan import Ask, plan
 from ..walk.classify import classify_status
+from ..walk.transport import BodyTooLarge, HttpUpstream
 from .dialect import ANTHROPIC, in_dialect
 from .replies import JSON, request_id
 from .request import CHARS_PER_TOKEN, parse_call, read_body
@@ -98,15 +99,16 @@ async def _ask_anthropic(gw: Gateway, provider: Provider, target: Target, body: 
     started = time.monotonic()
     try:
         async with asyncio.timeout(provider.timeouts.first_chunk):
-            reply = await pool.request("POST", provider.base_url + "/messages/count_tokens", headers,
-                                       upstream_body, provider.timeouts.connect)
+            reply = HttpUpstream(await pool.request("POST", provider.base_url + "/messages/count_tokens",
+                                                    headers, upstream_body, provider.timeouts.connect),
+                                 pool, gw.scrubber)
             try:
-                answer = await reply.content.read(MAX_ANSWER)
+                answer = await reply.read(MAX_ANSWER)  # the whole of it, an error body scrubbed
             finally:
-                pool.release(reply)
+                reply.close()
         status = reply.status
         retry = reply.headers
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, BodyTooLarge) as exc:
         return f"{type(exc).__name__} after {time.monotonic() - started:.2f}s"
     if 200 <= status < 300:
         return status, answer

@@ -9,15 +9,24 @@ closed its end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import gzip
 import socket
+import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from proxy.walk.http1 import ConnectFailed, MalformedAnswer, Origin, Pool, _endpoint, request_head
 from proxy.walk.transport import failure_of
+
+from ..anthropic_fakes import anthropic_provider, messages_handler
+from ..conftest import route_config
 
 Answer = Callable[[bytes], bytes | None]  # request bytes -> answer bytes (None: say nothing)
 
@@ -233,7 +242,7 @@ async def test_a_body_past_one_write_arrives_whole(serve) -> None:  # type: igno
 async def test_a_garbled_answer_is_a_client_error_named_as_a_reset(serve) -> None:  # type: ignore[no-untyped-def]
     server = await serve(lambda _: b"NOT HTTP AT ALL\r\n\r\n")
     pool = Pool()
-    with pytest.raises(MalformedAnswer, match="Bad status line") as caught:
+    with pytest.raises(MalformedAnswer, match="BadStatusLine") as caught:
         await pool.request("POST", server.url + "/", {}, b"", 5.0)
     kind, message = failure_of(caught.value)  # type: ignore[misc]
     assert (kind, message.partition(":")[0]) == ("reset", "upstream sent a malformed answer")
@@ -323,3 +332,291 @@ async def test_a_busy_origin_closes_the_idle_connections_it_no_longer_reaches(se
     await until(lambda: server.closed == 2)  # the two left at the bottom since t=100, past keep-alive
     pool.close()
     await until(lambda: server.closed == 3)
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+async def _answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(OK)
+        await writer.drain()
+        await reader.read()  # until the client lets go
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+async def blackhole() -> AsyncIterator[int]:
+    """A loopback port that drops SYNs: a listener whose accept queue is full and never drained,
+    as a host with a blackholed IPv6 route (or a dead address of several) looks to connect()."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        fillers.append(s)
+    await asyncio.sleep(0.05)
+    yield port
+    for s in fillers:
+        s.close()
+    listener.close()
+
+
+# Happy eyeballs: a dead first address of several does not eat the whole connect deadline.
+
+async def test_connect_moves_on_to_the_next_address_when_the_first_does_not_answer(blackhole, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A name with two addresses (AAAA + A; or two A of which one is dead): the next address is
+    tried 0.25 s after the first, as aiohttp's connector does, not after the connect deadline."""
+    server = await asyncio.start_server(_answer_ok, "127.0.0.1", 0)
+    good = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+
+    async def resolve(host, port, **kwargs):  # type: ignore[no-untyped-def]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", blackhole)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", good))]
+
+    monkeypatch.setattr(loop, "getaddrinfo", resolve)
+    pool = Pool()
+    started = time.monotonic()
+    try:
+        assert await whole(pool, "http://dual-stack.test/v1/x") == (200, b"ok")
+        assert time.monotonic() - started < 1.5
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+# A trailing-dot FQDN (the k8s "svc.cluster.local." habit): resolved with its dot, but SNI, the
+# certificate check and Host use the name without it, as aiohttp does.
+
+def _ca_and_leaf(tmp: Path, dns: str) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    day = datetime.timedelta(days=1)
+    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "review ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - day).not_valid_after(now + day)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns)]))
+            .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(2)
+            .not_valid_before(now - day).not_valid_after(now + day)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (tmp / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (tmp / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + leaf_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return tmp / "ca.pem", tmp / "leaf.pem"
+
+
+async def test_a_trailing_dot_host_is_verified_and_sent_without_its_dot(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    ca, leaf = _ca_and_leaf(tmp_path, "upstream.test")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(leaf)
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(OK)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+
+    async def resolve(host, port, **kwargs):  # type: ignore[no-untyped-def]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(loop, "getaddrinfo", resolve)
+    pool = Pool(ssl_context=ssl.create_default_context(cafile=str(ca)))
+    try:
+        assert await whole(pool, f"https://upstream.test.:{port}/v1/x") == (200, b"ok")
+        assert f"\r\nHost: upstream.test:{port}\r\n".encode() in heads[0]
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+def test_the_host_header_of_a_trailing_dot_name_has_no_dot() -> None:
+    """As aiohttp's (yarl's host_port_subcomponent): a virtual host matched on Host sees the name."""
+    assert _endpoint("http://vllm.ns.svc.cluster.local./v1").head.endswith("\r\nHost: vllm.ns.svc.cluster.local\r\n")
+
+
+# A provider's own Accept / Accept-Encoding replaces the default: only one goes out.
+
+@pytest.mark.parametrize(("name", "value"), [("Accept-Encoding", "identity"), ("accept", "text/event-stream")])
+def test_a_provider_header_replaces_the_default_of_the_same_name(name: str, value: str) -> None:
+    """ClientSession added Accept and Accept-Encoding only when the caller had not set them
+    (update_auto_headers); config allows both in a provider's ``headers:``. A provider that asks for
+    ``Accept-Encoding: identity`` (an SSE stream a middlebox buffers when gzipped) must not also
+    send ``gzip, deflate``."""
+    head = request_head("POST", _endpoint("http://h/v1/x"), {name: value}, 2).decode().lower()
+    lines = [line for line in head.split("\r\n") if line.startswith(name.lower() + ":")]
+    assert lines == [f"{name.lower()}: {value}"]
+
+
+# A client's anthropic-beta with a byte that is not UTF-8 goes on as that byte: it must not become
+# an unclassified UnicodeEncodeError (a 500 and a logged traceback per request, from any client).
+
+async def test_an_undecodable_byte_in_anthropic_beta_is_not_a_500(upstreams, proxy) -> None:  # type: ignore[no-untyped-def]
+    up = await upstreams({"/v1/messages": messages_handler("Hello!")})
+    p = await proxy(route_config([{"provider": "claude", "model": "claude-x"}], {"claude": anthropic_provider(up.url)}))
+    body = orjson.dumps({"model": "chat", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"anthropic-beta: prompt-caching-2024-07-31\xff\r\nConnection: close\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.split(b"\r\n")[0] == b"HTTP/1.1 200 OK", answer[:300]
+
+
+# An answer that came back before the request body was sent: were the connection pooled with the
+# rest of the body still queued behind it, the upstream (which never read it) would read the body
+# as the next request, and the next caller would get the answer meant for that garbage.
+
+async def test_an_answer_before_the_body_was_sent_does_not_put_the_connection_back() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if head.startswith(b"POST /big "):
+                    writer.write(reply(b"no", status="413 Payload Too Large"))  # early, body left unread
+                elif head.startswith(b"POST /small "):
+                    await reader.readexactly(length)
+                    writer.write(reply(b"small"))
+                else:  # what it made of the unread body
+                    await reader.readexactly(length)
+                    writer.write(reply(b"WRONG", status="400 Bad Request"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=64 * 2**20)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = Pool()
+    try:
+        assert await asyncio.wait_for(whole(pool, url + "/big", b"z" * (16 * 2**20)), 10) == (413, b"no")
+        assert await asyncio.wait_for(whole(pool, url + "/small"), 10) == (200, b"small")
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+# Idle connections of an origin nobody calls any more (after a burst, or removed by a reload) are
+# closed past keep-alive by the pool's one timer, as aiohttp's connector closed them.
+
+async def test_idle_connections_of_a_quiet_origin_close_after_keepalive(serve) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(lambda _: reply(b"{}"))
+    pool = Pool(keepalive=0.2)
+    answers = [await pool.request("POST", server.url + "/", {}, b"", 5.0) for _ in range(3)]
+    for answer in answers:
+        await answer.content.read()
+        pool.release(answer)
+    try:
+        await until(lambda: server.closed == 3)  # up to 2 s: ten times the keep-alive
+    finally:
+        pool.close()
+
+
+# A 101 is returned at once, not waited past as an informational answer (the call would hang to
+# the first-chunk deadline).
+
+async def test_a_101_answer_is_returned_not_waited_past(serve) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(lambda _: b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n")
+    pool = Pool()
+    try:
+        answer = await asyncio.wait_for(pool.request("POST", server.url + "/", {}, b"", 5.0), 2)
+        assert answer.status == 101
+        pool.release(answer)
+        assert server.connections == 1
+    finally:
+        pool.close()
+
+
+async def test_an_upstream_speaking_while_idle_is_cut_off_not_read_as_the_next_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(lambda _: reply(b"{}"))
+    pool = Pool()
+    await whole(pool, server.url + "/")
+    server.writers[0].write(b"HTTP/1.1 200 OK\r\nContent-Len")  # half a head nobody asked for
+    await until(lambda: server.closed == 1)
+    assert await whole(pool, server.url + "/") == (200, b"{}")
+    assert server.connections == 2
+    pool.close()
+
+
+async def test_a_garbled_answer_names_the_parsers_complaint_without_quoting_the_upstream(serve) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(lambda _: b"HTTP/1.1 200 OK\r\nX-Leak: " + b"s" * 9000 + b"\r\n\r\n")
+    pool = Pool()
+    with pytest.raises(MalformedAnswer) as caught:
+        await pool.request("POST", server.url + "/", {}, b"", 5.0)
+    assert failure_of(caught.value) == ("reset", "upstream sent a malformed answer: LineTooLong")
+    pool.close()
+
+
+async def test_a_hosts_addresses_are_kept_and_asked_again_after_a_failed_connect(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(lambda _: reply(b"{}"))
+    loop = asyncio.get_running_loop()
+    asked: list[str] = []
+    port = [server.port]
+
+    async def resolve(host, p, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port[0]))]
+
+    monkeypatch.setattr(loop, "getaddrinfo", resolve)
+    now = [100.0]
+    pool = Pool(clock=lambda: now[0])
+    url = f"http://named.test:{server.port}/"
+    first = await pool.request("POST", url, {}, b"", 5.0)
+    second = await pool.request("POST", url, {}, b"", 5.0)  # a second connection, the same addresses
+    for answer in (first, second):
+        await answer.content.read()
+        pool.release(answer)
+    assert asked == ["named.test"] and server.connections == 2
+    pool.close()
+    pool = Pool(clock=lambda: now[0])
+    with socket.socket() as s:  # the host's address now refuses: the next connect asks again
+        s.bind(("127.0.0.1", 0))
+        port[0] = s.getsockname()[1]
+    with pytest.raises(ConnectFailed):
+        await pool.request("POST", url, {}, b"", 5.0)
+    port[0] = server.port
+    assert await whole(pool, url) == (200, b"{}")
+    assert asked == ["named.test", "named.test", "named.test"]
+    now[0] += 20.0  # past keep-alive: a new connection, to the addresses still known
+    await whole(pool, url)
+    assert asked == ["named.test"] * 3
+    now[0] += 300.0  # past the addresses' time to live too: asked again
+    await whole(pool, url)
+    assert asked == ["named.test"] * 4
+    pool.close()
