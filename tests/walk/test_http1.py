@@ -36,6 +36,16 @@ def reply(body: bytes, *headers: str, status: str = "200 OK") -> bytes:
     return f"HTTP/1.1 {status}\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
 
 
+async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, int]:
+    """A request's head as sent, and the body length it declares."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, length
+
+
 class Server:
     """Counts connections, keeps each request it read, answers by ``answer`` and notices closes."""
 
@@ -54,11 +64,7 @@ class Server:
         self.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
+                head, length = await read_head(reader)
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
                 answer = self.answer(request)
@@ -501,11 +507,7 @@ async def test_an_answer_before_the_body_was_sent_does_not_put_the_connection_ba
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
+                head, length = await read_head(reader)
                 if head.startswith(b"POST /big "):
                     writer.write(reply(b"no", status="413 Payload Too Large"))  # early, body left unread
                 elif head.startswith(b"POST /small "):
