@@ -35,6 +35,7 @@ from .walk.walker import Walker
 
 if TYPE_CHECKING:
     from .server.listener import Guard
+    from .walk.result import Settling
 
 log = logging.getLogger("firstbyte")
 
@@ -140,6 +141,27 @@ class Gateway:
                 asyncio.get_running_loop().call_soon(self.notify_observers)
             except RuntimeError:  # no loop: a synchronous caller, tell them now
                 self.notify_observers()
+
+    def finished_when_settled(self, finished: Finished, settling: Settling) -> None:
+        """Queue ``finished`` once the losers still being measured have ended, with their own
+        outcomes (``measured``, ``capped``…) in its attempts instead of ``measuring``: they are
+        bounded by the race's cap, and the access log, metrics and ledger then say what happened."""
+        decision = finished.decision
+        pending = {task for task in settling.tasks if not task.done()}
+
+        def hand_over() -> None:
+            settled = None if decision is None else decision.but(attempts=settling.attempts())
+            self.finished(finished._replace(decision=settled))
+
+        def ended(task: asyncio.Task[None]) -> None:
+            pending.discard(task)
+            if not pending:
+                hand_over()
+
+        if not pending:
+            hand_over()
+        for task in pending:
+            task.add_done_callback(ended)
 
     def notify_observers(self) -> None:
         """Hand every queued exchange to every observer; one failing never affects the others."""

@@ -30,7 +30,7 @@ from ..routing.decision import HEADER, Attempt, Decision, Racer, header_with
 from ..routing.plan import Ask, Refused, plan
 from ..state.tracker import BUFFERED, STREAMED
 from ..walk.race import walk_route
-from ..walk.result import Answered, Committed, Exhausted, Rejected
+from ..walk.result import Answered, Committed, Exhausted, Rejected, Settling
 from .counting import count_tokens
 from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshaped
 from .ops import add_ops_routes, explain, health, model, models
@@ -44,8 +44,8 @@ log = logging.getLogger("firstbyte")
 class Exchange:
     """Book-keeping of one routed request, turned into a Finished record at the end."""
 
-    __slots__ = ("asked", "decision", "error", "first_sent", "op", "rid", "sent", "started", "status",
-                 "stream", "t0")
+    __slots__ = ("asked", "decision", "error", "first_sent", "op", "rid", "sent", "settling", "started",
+                 "status", "stream", "t0")
 
     def __init__(self, op: str, t0: float) -> None:
         self.op = op
@@ -59,6 +59,7 @@ class Exchange:
         self.sent = 0
         self.first_sent: float | None = None
         self.error: str | None = None
+        self.settling: Settling | None = None  # losers still being measured after the answer
 
     def left(self, attempts: tuple[Attempt, ...], race: tuple[Racer, ...]) -> None:
         """The client left while a race ran and nothing had answered: log what had run."""
@@ -95,11 +96,14 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
         raise
     finally:
         end = gw.clock()
-        gw.finished(  # positional: this runs for every request (the field order is Finished's)
-            Finished(ex.decision, ex.started, request.remote or "-", request.method, request.path, ex.status,
-                     op, ex.stream, None if ex.first_sent is None else ex.first_sent - ex.t0, end - ex.t0,
-                     ex.sent, ex.error, ex.rid, ex.asked)
-        )
+        finished = Finished(  # positional: this runs for every request (the field order is Finished's)
+            ex.decision, ex.started, request.remote or "-", request.method, request.path, ex.status,
+            op, ex.stream, None if ex.first_sent is None else ex.first_sent - ex.t0, end - ex.t0,
+            ex.sent, ex.error, ex.rid, ex.asked)
+        if ex.settling is None:
+            gw.finished(finished)
+        else:
+            gw.finished_when_settled(finished, ex.settling)
 
 
 def _in_anthropic_shape(response: web.StreamResponse, ex: Exchange) -> web.StreamResponse:
@@ -136,6 +140,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     # chain of every chunk): its usage is known only at the end, so its record is built once,
     # then; the header goes out now, formatted from the same fields.
     attempts, served, race, lease = walked.attempts, walked.served, walked.race, walked.lease
+    ex.settling = walked.settling
     header = header_with(decision, attempts, served, race)
     ex.status = walked.status
     headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id})
@@ -151,6 +156,7 @@ def _reply(gw: Gateway, ex: Exchange, decision: Decision, route: Route, op: str,
     """A buffered answer (its usage known now, so its record is built once, priced), a client
     error returned as it is, or, when everything failed, the last error in the OpenAI shape."""
     if isinstance(walked, Answered):
+        ex.settling = walked.settling
         target = route.target(walked.served)
         decision = priced(decision, target.price if target is not None else None, usage_of_body(op, walked.body),
                           attempts=walked.attempts, served=walked.served, status=walked.status, race=walked.race)

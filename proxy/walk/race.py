@@ -33,7 +33,7 @@ from ..routing.plan import Plan
 from ..state.budget import RESERVE
 from ..state.tracker import BUFFERED, STREAMED
 from .deadlines import Countdown
-from .result import Trail, Walked
+from .result import Answered, Committed, Settling, Trail, Walked
 from .slot import Reservation
 from .walker import Walker
 
@@ -353,23 +353,38 @@ class Race:
     def _finish(self, trail: Trail, winner: _Racer | None = None) -> Walked:
         """``trail``'s verdict (the winner's, the inline leader's, or the last failure's) with every attempt
         in the order the targets started; a racer cut short shows ``lost``, one still being
-        measured ``measuring``, with its seconds so far."""
+        measured ``measuring``, with its seconds so far (and the result says how to read its
+        outcome once it ends: :class:`~proxy.walk.result.Settling`)."""
         if not self.racers:  # nobody raced: the plain walk's result
             return trail.result(tuple(trail.attempts), tuple(self.roles))
         now = self.walker.clock()
+        running: dict[_Racer, Attempt] = {}
+        kept: list[asyncio.Task[None]] = []
+        for racer in self.racers:
+            task = racer.task
+            if racer is not winner and task is not None and not task.done():
+                keep = racer.measuring and (winner is not None or self.inline.served is not None)
+                running[racer] = Attempt(racer.target.name, "measuring" if keep else "lost", now - racer.started)
+                if keep:
+                    self.walker.keep(task)
+                    self._arm_cap(racer, trail, now)
+                    kept.append(task)
+        result = trail.result(self._merged(running), tuple(self.roles))
+        if kept and isinstance(result, Committed | Answered):
+            lost = {racer: a for racer, a in running.items() if a.outcome == "lost"}
+            result.settling = Settling(tuple(kept), lambda: self._merged(lost))
+        return result
+
+    def _merged(self, running: Mapping[_Racer, Attempt]) -> tuple[Attempt, ...]:
+        """Every attempt so far in the order the targets started, ``running`` racers' with the word
+        given for them (a measuring racer that has ended has its own last attempt instead)."""
         inline = self.inline.attempts
         leads = [(self.inline_started, 0), *(self.later or ())]
         ends = [at for _, at in leads[1:]] + [len(inline)]
         parts = [(start, inline[at:end]) for (start, at), end in zip(leads, ends, strict=True) if end > at]
         for racer in self.racers:
             attempts = list(racer.trail.attempts)
-            task = racer.task
-            if racer is not winner and task is not None and not task.done():
-                keep = racer.measuring and (winner is not None or self.inline.served is not None)
-                attempts.append(Attempt(racer.target.name, "measuring" if keep else "lost", now - racer.started))
-                if keep:
-                    self.walker.keep(task)
-                    self._arm_cap(racer, trail, now)
+            if racer in running:
+                attempts.append(running[racer])
             parts.append((racer.started, attempts))
-        merged = tuple(a for _, attempts in sorted(parts, key=lambda p: p[0]) for a in attempts)
-        return trail.result(merged, tuple(self.roles))
+        return tuple(a for _, attempts in sorted(parts, key=lambda p: p[0]) for a in attempts)

@@ -16,7 +16,8 @@ costs about three times as much.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -25,10 +26,20 @@ from ..routing.decision import Attempt, Racer
 from .classify import Outcome
 from .lease import Lease
 
-__all__ = ["Answered", "Committed", "Exhausted", "Rejected", "Trail", "Walked"]
+__all__ = ["Answered", "Committed", "Exhausted", "Rejected", "Settling", "Trail", "Walked"]
 
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 JSON_HEADERS: Mapping[str, str] = MappingProxyType({"content-type": "application/json"})
+
+
+@dataclass(slots=True, eq=False)
+class Settling:
+    """Losing racers that run on to their own first token, to be measured: their outcomes
+    (``measured``, ``capped``, a failure) are known only after the answer, so the record the
+    observers get waits for ``tasks`` (bounded by the race's cap) and takes ``attempts()`` then."""
+
+    tasks: tuple[asyncio.Task[None], ...]
+    attempts: Callable[[], tuple[Attempt, ...]]
 
 
 @dataclass(slots=True, eq=False)
@@ -39,6 +50,7 @@ class Committed:
     served: str
     attempts: tuple[Attempt, ...]
     race: tuple[Racer, ...] = ()
+    settling: Settling | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -49,6 +61,7 @@ class Answered:
     served: str
     attempts: tuple[Attempt, ...]
     race: tuple[Racer, ...] = ()
+    settling: Settling | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -18,6 +18,7 @@ from proxy.routing.decision import duplicate_calls
 
 from ..anthropic_fakes import anthropic_provider, text_events
 from ..conftest import chat_body, chunk_event, decision_of, openai_provider, route_config, status_handler
+from ..providers.test_responses_via_chat import Recorder
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -58,12 +59,12 @@ class Timed:
 
 
 async def race_proxy(upstreams, proxy, handlers: dict[str, Any], strategy: str = "ordered",
-                     hedge: dict[str, Any] | None = None, **route: Any):
+                     hedge: dict[str, Any] | None = None, observers: list[Any] | None = None, **route: Any):
     ups = {name: await upstreams({"/v1/chat/completions": h}) for name, h in handlers.items()}
     config = route_config([{"provider": n, "model": "m"} for n in handlers],
                           {n: openai_provider(u.url) for n, u in ups.items()}, strategy,
                           hedge={"after": 0.2, **(hedge or {})}, **route)
-    return ups, await proxy(config)
+    return ups, await proxy(config, observers=observers)
 
 
 async def until(ready: Callable[[], bool], secs: float = 5.0) -> None:
@@ -157,9 +158,11 @@ async def test_the_budget_stops_hedges_past_max_extra(upstreams, proxy):
 
 async def test_an_explored_loser_is_measured_from_its_own_first_token(upstreams, proxy):
     a, b = Timed(first=0.02), Timed(first=0.3, text="slow")
+    recorder = Recorder()
     # cap 100: b (0.3 s) is cut only past 2 s, so a loaded machine slows it without making it a lower bound
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
-                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1, "cap": 100})
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1, "cap": 100},
+                              observers=[recorder])
     for _ in range(2):  # cold start: a and b race each other, both get measured
         await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     await settle(a, b, want=3)
@@ -185,6 +188,12 @@ async def test_an_explored_loser_is_measured_from_its_own_first_token(upstreams,
     assert 0.28 < figure < 0.6  # its own first token, not the winner's, not a guess
     assert b.finished >= 1 and p.gateway.state.health(key, p.gateway.clock()).failures == 0
     assert fastest.explore == 0
+    # The observers' record waited for the explored loser: it says what became of it, the header could not.
+    await until(lambda: any(f.decision is not None and f.decision.id == d.id for f in recorder.seen))
+    logged = next(f.decision for f in recorder.seen if f.decision is not None and f.decision.id == d.id)
+    outcomes = {(x.name, x.outcome): x.seconds for x in logged.attempts}
+    assert ("b", "measuring") not in outcomes and 0.28 < outcomes[("b", "measured")] < 0.6
+    assert logged.served == "a" and logged.failovers == 0 and logged.race == d.race
 
 
 def _raw(p) -> dict[str, Any]:
@@ -364,8 +373,9 @@ async def test_an_explored_loser_slower_than_its_cap_is_cut_at_the_cap(upstreams
     from proxy.routing.hedge import CAP_FLOOR
 
     a, b = Timed(first=0.02), Timed(first=2.0, text="slow")
+    recorder = Recorder()
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
-                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1})
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1}, observers=[recorder])
     await p.post("/v1/chat/completions", {**CHAT, "stream": True})  # a measured beside b: a wins, b lost
     await settle(a, b, want=2)
     assert (b.cut, p.gateway.state.tracker.samples(("b", "m"))) == (1, 0)
@@ -383,6 +393,9 @@ async def test_an_explored_loser_slower_than_its_cap_is_cut_at_the_cap(upstreams
     recent = p.gateway.state.tracker.recent(key, "streamed")
     assert len(recent) == 1 and CAP_FLOOR - 0.05 < recent[0] < 1.5  # a lower bound, not its first token
     assert sum(ts.in_flight for ts in p.gateway.state.targets.values()) == 0
+    await until(lambda: any(f.decision is not None and f.decision.id == d.id for f in recorder.seen))
+    logged = next(f.decision for f in recorder.seen if f.decision is not None and f.decision.id == d.id)
+    assert [(x.name, x.outcome) for x in logged.attempts] == [("a", "200"), ("b", "capped")]
 
 
 async def test_a_measuring_losers_late_client_error_keeps_its_word(upstreams, proxy, monkeypatch):
