@@ -182,6 +182,28 @@ async def test_retry_after_is_honoured_on_a_retry_and_a_long_one_abandons(upstre
     assert (await health_of(p, "a"))["cooling_s"] == pytest.approx(120, abs=1)
 
 
+@pytest.mark.parametrize(("value", "cooling"), [
+    pytest.param("inf", None, id="inf-is-no-number"),
+    pytest.param("1e999", None, id="exponent-is-no-number"),
+    pytest.param("1_000", None, id="underscores-are-no-number"),
+    pytest.param("-5", None, id="negative-is-no-number"),
+    pytest.param("86400", 300.0, id="a-day-is-capped-at-the-longest-cooldown"),
+    pytest.param("Fri, 31 Dec 9999 23:59:59 GMT", 300.0, id="a-far-date-is-capped"),
+])
+async def test_a_hostile_retry_after_never_breaks_the_route_and_never_cools_past_the_cap(
+        upstreams, proxy, value, cooling):
+    ups, p = await pool(upstreams, proxy, {"a": status_handler(429, "later", {"retry-after": value}),
+                                           "b": ok_handler()}, cooldown={"failures": 5, "secs": 30})
+    status, headers, _ = await p.post(PATH, CHAT)
+    assert status == 200 and decision_of(headers).attempt_outcomes() == [("a", "429"), ("b", "200")]
+    h = await health_of(p, "a")
+    assert h["cooling_s"] == (pytest.approx(cooling, abs=1) if cooling is not None else 0)
+    status, headers, _ = await p.post(PATH, CHAT)  # the next request plans around it, no 500
+    assert status == 200 and decision_of(headers).served == "b"
+    status, _ = await p.get("/v1/routes/chat/explain")
+    assert status == 200
+
+
 async def test_all_targets_cooling_still_serves_via_the_soonest_to_reopen(upstreams, proxy):
     clock = Clock()
     ups, p = await pool(upstreams, proxy, {"a": status_handler(503), "b": ok_handler()}, clock)

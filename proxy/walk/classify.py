@@ -62,21 +62,24 @@ def fails_over(status: int) -> bool:
     return status in (408, 429) or status >= 500
 
 
+MAX_HINT = 300.0  # one answer cools a target down for at most this long: the breaker's longest cooldown
+
+
 def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), if any."""
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), if any, at most
+    ``MAX_HINT``. Only digits count as seconds (``float`` would take ``inf``, ``1e999`` or
+    ``1_000``); anything else that is no HTTP date is ignored."""
     value = headers.get("retry-after")
     if not value:
         return None
     value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_HINT)
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, when - (time.time() if now is None else now))
+    return min(max(0.0, when - (time.time() if now is None else now)), MAX_HINT)
 
 
 def classify_status(status: int, headers: Mapping[str, str], overflow: bool) -> Outcome:
