@@ -120,11 +120,14 @@ class Connection(ResponseHandler):
         super().__init__(loop)
         self.origin = origin
         self.idle = False
+        self.heard = False  # the upstream has said something since the connection was last taken
 
     def data_received(self, data: bytes) -> None:
-        if self.idle and data:
-            self.close()
-            return
+        if data:
+            if self.idle:
+                self.close()
+                return
+            self.heard = True
         super().data_received(data)
 
 
@@ -176,26 +179,38 @@ class Pool:
         endpoint = self.endpoint(url)
         head = request_head(method, endpoint, headers, len(body))
         protocol = self._reuse(endpoint.origin)
-        if protocol is None:  # not `or`: a connection is a queue, and an empty queue is falsy
+        fresh = protocol is None  # not `or`: a connection is a queue, and an empty queue is falsy
+        if protocol is None:
             protocol = await self._connect(endpoint.origin, connect_timeout)
-        try:
-            protocol.set_response_params(read_until_eof=True, auto_decompress=True, read_bufsize=READ_BUFSIZE)
-            transport = protocol.transport
-            if transport is None:
-                raise aiohttp.ServerDisconnectedError()
-            transport.write(head + body if len(body) < 65536 else head)
-            if len(body) >= 65536:
-                transport.write(body)
+        while True:
             try:
-                message, content = await protocol.read()
-                while 100 <= message.code < 200 and message.code != 101:  # 100 Continue, 103: the answer follows
+                protocol.set_response_params(read_until_eof=True, auto_decompress=True, read_bufsize=READ_BUFSIZE)
+                transport = protocol.transport
+                if transport is None:
+                    raise aiohttp.ServerDisconnectedError()
+                transport.write(head + body if len(body) < 65536 else head)
+                if len(body) >= 65536:
+                    transport.write(body)
+                try:
                     message, content = await protocol.read()
-            except HttpProcessingError as exc:  # its message quotes the upstream's bytes: named, not quoted
-                raise MalformedAnswer(type(exc.__cause__ or exc).__name__) from exc
-        except BaseException:
-            protocol.close()
-            raise
-        return Answer(message.code, message.headers, content, protocol)
+                    while 100 <= message.code < 200 and message.code != 101:  # 100 Continue, 103: the answer follows
+                        message, content = await protocol.read()
+                except HttpProcessingError as exc:  # its message quotes the upstream's bytes: named, not quoted
+                    raise MalformedAnswer(type(exc.__cause__ or exc).__name__) from exc
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                protocol.close()
+                if fresh or protocol.heard:
+                    raise
+                # A reused connection the upstream closed as the request went out (its keep-alive ran
+                # out first: the two crossed on the wire). Nothing came back, so nothing was answered;
+                # the target is not at fault. Once more, on a new connection.
+                fresh = True
+                protocol = await self._connect(endpoint.origin, connect_timeout)
+                continue
+            except BaseException:
+                protocol.close()
+                raise
+            return Answer(message.code, message.headers, content, protocol)
 
     def release(self, answer: Answer) -> None:
         """Give the connection back when its answer was read to the end, else close it."""
@@ -236,7 +251,7 @@ class Pool:
         while idle:
             protocol, since = idle.pop()
             if protocol.is_connected() and not protocol.should_close and now - since < self._keepalive:
-                protocol.idle = False
+                protocol.idle = protocol.heard = False
                 return protocol
             protocol.close()
         return None

@@ -622,3 +622,55 @@ async def test_a_hosts_addresses_are_kept_and_asked_again_after_a_failed_connect
     await whole(pool, url)
     assert asked == ["named.test"] * 4
     pool.close()
+
+
+async def _first_answered_then(then: bytes) -> tuple[asyncio.Server, list[int], str]:
+    """A server answering the first request of each connection; on the second it writes ``then``
+    and closes (b"": closes at once, as a keep-alive that ran out as the request crossed it)."""
+    served: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(0)
+        try:
+            for n in range(2):
+                head, length = await read_head(reader)
+                await reader.readexactly(length)
+                if n == 0:
+                    writer.write(reply(b"{}"))
+                else:
+                    writer.write(then)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, served, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+
+
+async def test_a_reused_connection_closed_as_the_request_crossed_it_is_tried_once_more_on_a_new_one() -> None:
+    server, connections, url = await _first_answered_then(b"")
+    pool = Pool()
+    try:
+        assert await whole(pool, url) == (200, b"{}")
+        assert await whole(pool, url) == (200, b"{}")  # not a reset: the target did nothing wrong
+        assert len(connections) == 2
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_reused_connection_that_began_answering_is_not_tried_again() -> None:
+    server, connections, url = await _first_answered_then(b"HTTP/1.1 200 OK\r\nContent-Le")
+    pool = Pool()
+    try:
+        assert await whole(pool, url) == (200, b"{}")
+        with pytest.raises(aiohttp.ServerDisconnectedError):  # it heard the request: a real failure
+            await pool.request("POST", url, {}, b"", 5.0)
+        assert len(connections) == 1
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
