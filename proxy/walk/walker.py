@@ -295,7 +295,11 @@ class Walker:
         status = upstream.status
         outcome = classify_status(status, upstream.headers, adapter.is_context_overflow(status, body))
         if not outcome.failover:
-            trail.ended(Attempt(aim.target.name, outcome.word, now - started), outcome, status, upstream.headers,
+            # The body goes back in the client's JSON shape, whatever the upstream sent (a proxy's
+            # text/plain 413): its other headers go along, its content type does not.
+            headers = {k: v for k, v in upstream.headers.items() if k.lower() != "content-type"}
+            headers["content-type"] = "application/json"
+            trail.ended(Attempt(aim.target.name, outcome.word, now - started), outcome, status, headers,
                         adapter.client_error(aim.call, status, body))
             return None
         self._failed(trail, aim, slot.ts, outcome, started, adapter.error_body(status, body))
