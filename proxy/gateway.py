@@ -29,6 +29,7 @@ from .sim.transport import SimTransport
 from .state import State
 from .walk.deadlines import Deadlines
 from .walk.http1 import Pool
+from .walk.lease import DRAINING, Lease
 from .walk.limiter import Limiters
 from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
@@ -141,6 +142,14 @@ class Gateway:
                 asyncio.get_running_loop().call_soon(self.notify_observers)
             except RuntimeError:  # no loop: a synchronous caller, tell them now
                 self.notify_observers()
+
+    def cut_streams(self) -> int:
+        """A drain's grace is over: end every relayed stream now, each with an error event that
+        says why (``DRAINING``), logged as the drain's cut and not counted against its target."""
+        leases = [call for call in self.deadlines.calls if isinstance(call, Lease) and not call.finished]
+        for lease in leases:
+            lease.expire(DRAINING)
+        return len(leases)
 
     def finished_when_settled(self, finished: Finished, settling: Settling) -> None:
         """Queue ``finished`` once the losers still being measured have ended, with their own

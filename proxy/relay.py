@@ -24,7 +24,7 @@ from aiohttp import web
 
 from .errors import StreamError
 from .server.replies import GATEWAY
-from .walk.lease import Lease
+from .walk.lease import DRAINING, Lease
 from .walk.transport import UPSTREAM_ERRORS, break_of
 
 # Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
@@ -161,8 +161,11 @@ async def _fail(request: web.Request, response: web.StreamResponse, lease: Lease
         _sent(meter, len(tail), clock)
     failure = request.app[GATEWAY].scrubber.text(failure)  # an upstream's words may quote its key
     meter.error = failure
-    message = (f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
-               "the answer is incomplete.")
+    if lease.expired == DRAINING:
+        message = "firstbyte is shutting down: the answer is incomplete; send the request again."
+    else:
+        message = (f"{lease.target.name}: the upstream stream failed after it started ({failure}); "
+                   "the answer is incomplete.")
     event = lease.translator.error_event(message)
     await response.write(event)
     meter.sent += len(event)

@@ -121,6 +121,11 @@ class Service:
         await web.TCPSite(runner, host, port, backlog=4096, reuse_address=True).start()
         log.info("listening on http://%s:%d (at most %d client connections)", host, port, guard.max)
 
+    def _cut_streams(self) -> None:
+        cut = self.gateway.cut_streams()
+        if cut:
+            log.warning("drain: the grace is over, %d stream(s) ended with an error event", cut)
+
     async def serve(self) -> int:
         gw = self.gateway
         await self.hub.start()
@@ -147,10 +152,16 @@ class Service:
             gw.draining = True
             self.notifier.stopping()
             watchdog.cancel()
-            # The main listener stops accepting and waits for its requests up to the grace,
-            # then cancels what is left; the ops listener (if any) answers /readyz 503 meanwhile.
-            for runner in self.runners:
-                await runner.cleanup()
+            # The main listener stops accepting and waits for its requests up to the grace; then
+            # the streams still relayed are ended with an error event that says so (aiohttp's own
+            # shutdown would give the handlers the grace twice, then cut them without a word);
+            # the ops listener (if any) answers /readyz 503 meanwhile.
+            cut = loop.call_later(gw.config.shutdown_grace, self._cut_streams)
+            try:
+                for runner in self.runners:
+                    await runner.cleanup()
+            finally:
+                cut.cancel()
         finally:
             try:
                 try:

@@ -307,3 +307,46 @@ async def test_access_log_ledger_and_metrics_after_known_traffic(service: Runnin
     ).stdout
     assert "chat" in summary and "fast" in summary and "100" in summary
     assert "event loop uvloop" in (tmp_path / "stderr.log").read_text()
+
+
+async def test_a_stream_longer_than_the_grace_is_ended_at_the_grace_with_a_word(tmp_path: Path,
+                                                                                unused_tcp_port_factory: Any) -> None:
+    """The grace is the grace (aiohttp's own shutdown gave it twice, then cut the stream mid-chunk
+    with no word, and the log blamed the client): the stream ends with an error event that says
+    why, the log says the drain cut it, and firstbyte exits."""
+    port = unused_tcp_port_factory()
+    config = tmp_path / "routes.yaml"
+    config.write_text(yaml.safe_dump({
+        "listen": f"127.0.0.1:{port}", "shutdown_grace": 1,
+        "access_log": {"format": "json", "path": str(tmp_path / "access.log")},
+        "providers": {"slow": sim(first_ms=5, chunk_ms=500, chunks=40)},  # 20 s of stream
+        "routes": {"slow": {"strategy": "ordered", "targets": [{"provider": "slow", "model": "s-1"}]}},
+    }))
+    with (tmp_path / "stderr.log").open("wb") as stderr:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy.cli", "serve", "--config",
+                                                    str(config), stderr=stderr)
+    try:
+        body = {"model": "slow", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as s:
+            for _ in range(200):
+                try:
+                    async with s.get(f"http://127.0.0.1:{port}/healthz"):
+                        break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.05)
+            async with s.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as resp:
+                assert (await resp.content.readany()).startswith(b"data: ")
+                proc.send_signal(signal.SIGTERM)
+                t0 = asyncio.get_running_loop().time()
+                rest = await asyncio.wait_for(resp.read(), 10)  # whole: the chunked body is ended properly
+                took = asyncio.get_running_loop().time() - t0
+        assert b"firstbyte is shutting down" in rest and not rest.endswith(b"data: [DONE]\n\n")
+        assert 0.9 < took < 1.8, took  # at the grace, not at twice it
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    [line] = [json.loads(raw) for raw in (tmp_path / "access.log").read_text().splitlines()]
+    assert (line["status"], line["error"]) == (200, "firstbyte is shutting down")
+    assert "1 stream(s) ended with an error event" in (tmp_path / "stderr.log").read_text()

@@ -5,6 +5,7 @@ Picked for ``kind: simulated`` providers where the gateway is built (``proxy/gat
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 
 from ..config import Provider
@@ -14,7 +15,10 @@ from .simulator import Simulator
 
 
 class SimUpstream:
-    __slots__ = ("_body", "_stream", "headers", "status")
+    """A simulated answer. A deadline or a drain's cut wakes a read waiting on the simulator with
+    the reason, as it wakes a read from a socket."""
+
+    __slots__ = ("_aborted", "_body", "_reading", "_stream", "headers", "status")
 
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes | None,
                  stream: AsyncIterator[bytes] | None) -> None:
@@ -22,18 +26,31 @@ class SimUpstream:
         self.headers = headers
         self._body = body
         self._stream = stream
+        self._aborted: BaseException | None = None
+        self._reading: asyncio.Task[object] | None = None
 
     async def chunk(self) -> bytes:
+        if self._aborted is not None:
+            raise self._aborted
         if self._body is not None:
             body, self._body = self._body, b""
             return body
         if self._stream is None:
             return b""
+        self._reading = asyncio.current_task()
         try:
             return await anext(self._stream)
         except StopAsyncIteration:
             self._stream = None
             return b""
+        except asyncio.CancelledError:
+            aborted, task = self._aborted, self._reading
+            if aborted is None or task is None or task.uncancel():
+                raise  # not ours: the client left, or the loop is closing
+            self._stream = None
+            raise aborted from None
+        finally:
+            self._reading = None
 
     async def read(self, limit: int) -> bytes:
         parts = []
@@ -45,7 +62,9 @@ class SimUpstream:
         return not self._body and self._stream is None
 
     def abort(self, exc: BaseException) -> None:
-        """The simulator never stalls past a deadline; nothing to wake."""
+        self._aborted = exc
+        if self._reading is not None:
+            self._reading.cancel()
 
     def close(self) -> None:
         self._stream = None

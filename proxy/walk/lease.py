@@ -41,6 +41,9 @@ class Background:
             task.cancel()
 
 
+DRAINING = "firstbyte is shutting down"  # the reason a drain's grace cut a stream: no fault of the target
+
+
 @dataclass(slots=True, eq=False)
 class Lease:
     target: Target
@@ -82,7 +85,7 @@ class Lease:
         self.finished = True
         self.deadlines.calls.discard(self)
         self.slot.release()
-        if failure is not None:
+        if failure is not None and self.expired != DRAINING:
             ts = self.slot.ts
             ts.history.append(False)
             ts.breaker.failure(self.clock(), self.cooldown)
