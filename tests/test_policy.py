@@ -215,6 +215,19 @@ async def test_a_hostile_retry_after_never_breaks_the_route_and_never_cools_past
     assert status == 200
 
 
+async def test_a_retry_waits_for_no_hint_longer_than_the_first_token_budget(upstreams, proxy):
+    ups, p = await pool(upstreams, proxy,
+                        {"a": status_handler(429, "later", {"retry-after": "3"}), "b": ok_handler()},
+                        providers={"a": {"timeouts": {"first_chunk": 2}}},
+                        targets={"a": {"retry": 1}}, cooldown={"failures": 5, "secs": 30})
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    _, headers, _ = await p.post(PATH, CHAT)
+    assert loop.time() - t0 < 1.0  # not the 3 s the hint asked for: b was there
+    assert decision_of(headers).attempt_outcomes() == [("a", "429"), ("b", "200")]
+    assert (await health_of(p, "a"))["cooling_s"] == pytest.approx(3, abs=0.5)
+
+
 async def test_all_targets_cooling_still_serves_via_the_soonest_to_reopen(upstreams, proxy):
     clock = Clock()
     ups, p = await pool(upstreams, proxy, {"a": status_handler(503), "b": ok_handler()}, clock)

@@ -165,7 +165,9 @@ class Walker:
             if outcome is None:  # committed, or a client error returned as it is
                 return True
             hint = outcome.retry_after
-            if hint is not None and hint > MAX_RETRY_AFTER:
+            if hint is not None and hint > min(MAX_RETRY_AFTER, provider.timeouts.first_chunk):
+                # Abandoned for now (it is cooled down): a wait longer than the whole first-token
+                # budget before even asking again is not what a retry was configured for.
                 return False
             if n < target.retry:
                 if stop is not None and stop():
