@@ -88,7 +88,10 @@ class Gateway:
             )
             rngs[name] = prev if prev is not None and same_seed else random.Random(route.fastest.seed)
         self.scrubber.add([p.api_key for p in config.providers.values() if p.api_key] + list(config.clients.keys))
-        self.state.configure(config)
+        before = self.config.providers
+        moved = frozenset(name for name, p in config.providers.items()
+                          if name in before and (before[name].kind, before[name].base_url) != (p.kind, p.base_url))
+        self.state.configure(config, moved)
         self.limiters.configure(config)
         limits = [t for p in config.providers.values() for t in (p.timeouts.idle, p.timeouts.first_chunk)]
         hedges = [route.hedge.after_secs or HEDGE_TICK_BASIS  # a percentile: some tenths of a second

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from proxy.cli import main
 
-from .conftest import Clock, Proxy, decision_of, ok_handler, openai_provider, route_config, status_handler
+from .conftest import Clock, Proxy, decision_of, make_config, ok_handler, openai_provider, route_config, status_handler
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 PATH = "/v1/chat/completions"
@@ -226,6 +226,25 @@ async def test_a_retry_waits_for_no_hint_longer_than_the_first_token_budget(upst
     assert loop.time() - t0 < 1.0  # not the 3 s the hint asked for: b was there
     assert decision_of(headers).attempt_outcomes() == [("a", "429"), ("b", "200")]
     assert (await health_of(p, "a"))["cooling_s"] == pytest.approx(3, abs=0.5)
+
+
+async def test_a_provider_moved_to_another_address_starts_afresh_and_one_left_in_place_does_not(
+        upstreams, proxy):
+    ups, p = await pool(upstreams, proxy, {"a": status_handler(503), "b": ok_handler()})
+    await p.post(PATH, CHAT)  # a's breaker opens (failures: 1)
+    assert (await health_of(p, "a"))["breaker"] == "open"
+    fixed = await upstreams({PATH: ok_handler("from-fixed-a")})
+    raw = route_config([{"provider": n, "model": f"model-{n}"} for n in "ab"],
+                       {"a": openai_provider(ups["a"].url), "b": openai_provider(ups["b"].url)}, "ordered",
+                       cooldown={"failures": 1, "secs": 30})
+    p.gateway.apply(make_config(raw))  # the same addresses: what was learnt stands
+    assert (await health_of(p, "a"))["breaker"] == "open"
+    raw["providers"]["a"] = openai_provider(fixed.url)
+    p.gateway.apply(make_config(raw))  # a now names another upstream: its old breaker is not its own
+    assert (await health_of(p, "a"))["breaker"] == "closed"
+    _, headers, _ = await p.post(PATH, CHAT)
+    assert decision_of(headers).served == "a" and len(fixed.calls) == 1
+    assert p.gateway.state.tracker.samples(("b", "model-b"), "buffered") == 1  # b, unmoved, kept its figure from the start
 
 
 async def test_all_targets_cooling_still_serves_via_the_soonest_to_reopen(upstreams, proxy):

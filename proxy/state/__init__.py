@@ -87,9 +87,10 @@ class State:
         """Every target's figures, breaker and load now, as immutable records: what observers read."""
         return snapshot(self, config, now)
 
-    def configure(self, config: Config) -> None:
-        """Adopt a (re)loaded config: keep what still exists, drop the rest."""
-        keys = config.target_keys()
+    def configure(self, config: Config, moved: frozenset[str] = frozenset()) -> None:
+        """Adopt a (re)loaded config: keep what still exists, drop the rest. A ``moved`` provider
+        (its kind or address changed) is another upstream now: what was learnt of it is dropped."""
+        keys = {key for key in config.target_keys() if key[0] not in moved}
         for key in list(self.targets):
             if key not in keys:
                 del self.targets[key]
