@@ -244,7 +244,7 @@ async def test_a_provider_moved_to_another_address_starts_afresh_and_one_left_in
     assert (await health_of(p, "a"))["breaker"] == "closed"
     _, headers, _ = await p.post(PATH, CHAT)
     assert decision_of(headers).served == "a" and len(fixed.calls) == 1
-    assert p.gateway.state.tracker.samples(("b", "model-b"), "buffered") == 1  # b, unmoved, kept its figure from the start
+    assert p.gateway.state.tracker.samples(("b", "model-b"), "buffered") == 1  # b, unmoved, kept its figure
 
 
 async def test_all_targets_cooling_still_serves_via_the_soonest_to_reopen(upstreams, proxy):
