@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from . import __version__
-from .config import Config, Simulate, load_config
+from .config import Config, Simulate, load_config, split_listen
 from .errors import ConfigError
 from .routing.eligibility import hard_reason
 
@@ -107,8 +107,25 @@ def _mode_cells(figures: dict[str, Any]) -> list[str]:
     return ["-" if figure is None else f"{figure:.3f}s", str(figures["samples"])]
 
 
+def _gateway_url(args: argparse.Namespace) -> str | None:
+    """``--url``, else the ``listen`` of ``--config`` (a wildcard host asked on loopback), else the default."""
+    if args.url is not None:
+        return str(args.url)
+    if args.config is None:
+        return "http://127.0.0.1:8080"
+    config = _load(args)
+    if config is None:
+        return None
+    host, port = split_listen(config.listen)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
-    url = f"{args.url.rstrip('/')}/v1/routes/{args.route}/explain?mode={args.mode}"
+    base = _gateway_url(args)
+    if base is None:
+        return 1
+    url = f"{base.rstrip('/')}/v1/routes/{args.route}/explain?mode={args.mode}"
     req = urllib.request.Request(url)
     if args.key:
         req.add_header("Authorization", f"Bearer {args.key}")
@@ -236,7 +253,9 @@ def parser() -> argparse.ArgumentParser:
     e = _command(sub, "explain", "the order a request to ROUTE would get now",
                  "Asks a running gateway; the same plan() as traffic, without exploring.")
     e.add_argument("route", help="a route name from the file")
-    e.add_argument("--url", default="http://127.0.0.1:8080", help="the running gateway")
+    e.add_argument("--url", default=None, help="the running gateway (default: the listen of --config, "
+                   "else http://127.0.0.1:8080)")
+    e.add_argument("--config", default=None, help="the routes file the gateway runs: its listen is asked")
     e.add_argument("--key", default=None, help="client key, if the gateway asks for one")
     e.add_argument("--mode", choices=("streamed", "buffered"), default="streamed",
                    help="rank by the figures of streamed (first token) or buffered (whole answer) calls")

@@ -39,7 +39,7 @@ def test_version_is_the_package_version() -> None:
     [
         pytest.param("serve", ["run the gateway", "(default: routes.yaml)", "--listen"], id="serve"),
         pytest.param("check", ["validate a routes file", "(default: routes.yaml)"], id="check"),
-        pytest.param("explain", ["the order a request", "(default: http://127.0.0.1:8080)"], id="explain"),
+        pytest.param("explain", ["the order a request", "else http://127.0.0.1:8080)", "--config"], id="explain"),
         pytest.param("simulate", ["simulated provider", "(default: 9000)", "(default: 120.0)"], id="simulate"),
         pytest.param("decisions", ["summarise the decision ledger", "(default: firstbyte.db)"], id="decisions"),
     ],

@@ -390,6 +390,19 @@ async def test_explain_cli_prints_the_table(upstreams, proxy, capsys):
     assert "error 404" in capsys.readouterr().err
 
 
+async def test_explain_cli_asks_the_listen_of_the_config_it_is_given(upstreams, proxy, capsys, tmp_path):
+    _, p = await pool(upstreams, proxy, {"a": ok_handler()})
+    port = p.url.rsplit(":", 1)[1]
+    config = tmp_path / "routes.yaml"
+    config.write_text(f"listen: 0.0.0.0:{port}\nproviders: {{a: {{kind: simulated}}}}\n"
+                      "routes: {chat: {targets: [{provider: a, model: m}]}}\n")
+    assert await asyncio.to_thread(main, ["explain", "chat", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "route chat  strategy=ordered  mode=streamed"
+    config.write_text("listen: [not, valid]\n")
+    assert await asyncio.to_thread(main, ["explain", "chat", "--config", str(config)]) == 1
+    assert "listen" in capsys.readouterr().err  # the file's problem, named by its path
+
+
 async def test_health_lists_every_target_with_its_fields(upstreams, proxy):
     clock = Clock()
     _, p = await pool(upstreams, proxy, {"a": status_handler(503), "b": ok_handler()}, clock)

@@ -132,6 +132,8 @@ async def test_client_keys_guard_v1_but_not_health(service: Running) -> None:
                 assert resp.status == 200, path
         async with s.get(service.ops_url + "/v1/health") as resp:
             assert resp.status == 200  # the ops listener needs no client key
+        async with s.get(service.ops_url + "/v1/routes/chat/explain") as resp:
+            assert resp.status == 200 and (await resp.json())["route"] == "chat"
     await service.wait_for("WATCHDOG=1")
 
 

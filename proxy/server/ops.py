@@ -206,11 +206,12 @@ def add_ops_routes(app: web.Application, hub: Hub | None) -> None:
 
 
 def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
-    """The ``ops_listen`` app: health, readiness, metrics and /v1/health, without client keys."""
+    """The ``ops_listen`` app: health, readiness, metrics, /v1/health and explain, without client keys."""
     app = web.Application()
     app[GATEWAY] = gw
     add_ops_routes(app, hub)
     app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/routes/{route}/explain", explain)
     app.router.add_route("*", "/{tail:.*}", not_an_ops_endpoint)
     return app
 
