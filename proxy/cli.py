@@ -16,12 +16,15 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from . import __version__
 from .config import Config, Simulate, load_config, split_listen
+from .config.document import read_yaml
+from .config.fields import default
 from .errors import ConfigError
 from .routing.eligibility import hard_reason
 
@@ -108,15 +111,24 @@ def _mode_cells(figures: dict[str, Any]) -> list[str]:
 
 
 def _gateway_url(args: argparse.Namespace) -> str | None:
-    """``--url``, else the ``listen`` of ``--config`` (a wildcard host asked on loopback), else the default."""
+    """``--url``, else the ``listen`` of ``--config`` (a wildcard host asked on loopback), else the default.
+    Only ``listen`` is read: the file's secrets (client and provider keys) need not be in this shell."""
     if args.url is not None:
         return str(args.url)
     if args.config is None:
         return "http://127.0.0.1:8080"
-    config = _load(args)
-    if config is None:
+    try:
+        data = read_yaml(Path(args.config).read_text("utf-8"), str(args.config))
+        listen = data.get("listen", default(Config, "listen")) if isinstance(data, dict) else None
+        if not isinstance(listen, str):
+            raise ValueError(listen)
+        host, port = split_listen(listen)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
         return None
-    host, port = split_listen(config.listen)
+    except (OSError, UnicodeDecodeError, ValueError):
+        print(f"{args.config}: listen: not host:port", file=sys.stderr)
+        return None
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 

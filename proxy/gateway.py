@@ -29,7 +29,7 @@ from .sim.transport import SimTransport
 from .state import State
 from .walk.deadlines import Deadlines
 from .walk.http1 import Pool
-from .walk.lease import DRAINING, Lease
+from .walk.lease import Lease
 from .walk.limiter import Limiters
 from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
@@ -151,8 +151,8 @@ class Gateway:
         says why (``DRAINING``), logged as the drain's cut and not counted against its target."""
         leases = [call for call in self.deadlines.calls if isinstance(call, Lease) and not call.finished]
         for lease in leases:
-            lease.expire(DRAINING)
-        return len(leases)
+            lease.cut()
+        return sum(not lease.tail for lease in leases)  # a post-end drain's client has its whole answer
 
     def finished_when_settled(self, finished: Finished, settling: Settling) -> None:
         """Queue ``finished`` once the losers still being measured have ended, with their own

@@ -106,6 +106,7 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
     handed_off = False  # the lease is released by its drain, not here
     try:
         await response.prepare(request)
+        lease.client = request.transport
         data, read = lease.first, lease.upstream.chunk
         while True:
             try:
@@ -141,8 +142,8 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
             handed_off = True
             lease.finish_after_end()  # the upstream's own end is read off the client's path
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        # The client left: nothing to say about the provider (unless it failed first).
-        meter.error = meter.error or "client disconnected"
+        # The client left (or the drain cut a client that read no more): nothing to say about the provider.
+        meter.error = meter.error or (DRAINING if lease.expired == DRAINING else "client disconnected")
     except asyncio.CancelledError:
         meter.error = meter.error or "client disconnected"
         raise

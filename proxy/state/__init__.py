@@ -25,6 +25,7 @@ class TargetState:
     in_flight: int = 0
     buffering: int = 0  # of those, buffered calls: a mode's figure is measured by its own calls (ADR 0007)
     history: deque[bool] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    retired: bool = False  # dropped by a reload: a call still in flight on it measures nobody
 
 
 class State:
@@ -93,7 +94,7 @@ class State:
         keys = {key for key in config.target_keys() if key[0] not in moved}
         for key in list(self.targets):
             if key not in keys:
-                del self.targets[key]
+                self.targets.pop(key).retired = True
         self.tracker.retain(keys)
         self.budgets = {name: b for name, b in self.budgets.items() if name in config.routes}
         self.tracker.stale_after = max(

@@ -10,6 +10,7 @@ Foreign failures (aiohttp, ssl, OS errors) arrive already named by the transport
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import re
 import time
@@ -76,7 +77,10 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
     if value.isascii() and value.isdigit():
         return min(float(value), MAX_HINT)
     try:
-        when = email.utils.parsedate_to_datetime(value).timestamp()
+        moment = email.utils.parsedate_to_datetime(value)
+        if moment.tzinfo is None:  # asctime and a -0000 zone: GMT (RFC 9110 5.6.7), not local time
+            moment = moment.replace(tzinfo=datetime.UTC)
+        when = moment.timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     return min(max(0.0, when - (time.time() if now is None else now)), MAX_HINT)

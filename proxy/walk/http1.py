@@ -39,6 +39,7 @@ __all__ = ["ConnectFailed", "MalformedAnswer", "Origin", "Pool"]
 
 KEEPALIVE = 15.0  # an idle connection older than this is closed, not reused (aiohttp's default)
 DNS_TTL = 300.0  # a host's addresses are kept this long (aiohttp's ttl_dns_cache as firstbyte set it)
+REPLAY_WINDOW = 0.25  # a keep-alive crossing shows within a round trip; later, the upstream may have worked on it
 HAPPY_EYEBALLS = 0.25  # the next address is tried this long after the previous (aiohttp's default)
 READ_BUFSIZE = 2**16
 ENDPOINTS_MAX = 1024  # parsed URLs kept; a config names a handful
@@ -184,6 +185,7 @@ class Pool:
             protocol = await self._connect(endpoint.origin, connect_timeout)
         while True:
             try:
+                written = self._clock()
                 protocol.set_response_params(read_until_eof=True, auto_decompress=True, read_bufsize=READ_BUFSIZE)
                 transport = protocol.transport
                 if transport is None:
@@ -199,8 +201,8 @@ class Pool:
                     raise MalformedAnswer(type(exc.__cause__ or exc).__name__) from exc
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                 protocol.close()
-                if fresh or protocol.heard:
-                    raise
+                if fresh or protocol.heard or self._clock() - written > REPLAY_WINDOW:
+                    raise  # a new connection, an answer begun, or an upstream that had the request a while
                 # A reused connection the upstream closed as the request went out (its keep-alive ran
                 # out first: the two crossed on the wire). Nothing came back, so nothing was answered;
                 # the target is not at fault. Once more, on a new connection.

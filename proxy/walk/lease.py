@@ -61,11 +61,23 @@ class Lease:
     waiting_since: float | None = None  # the relay is waiting for the upstream since then
     expired: str | None = None  # why the deadline keeper cut it
     finished: bool = False
+    client: asyncio.WriteTransport | None = None  # the relay's client connection, for the drain's cut
+    tail: bool = False  # the client has the whole answer; only the upstream's end is being read
 
     def expire(self, reason: str) -> None:
         """Past its idle or total deadline: wake the relay's pending read with the reason."""
         self.expired = reason
         self.upstream.abort(Expired(reason))
+
+    def cut(self) -> None:
+        """The drain's grace is over: wake the relay's read, and when the relay is stuck writing to
+        a client that reads no more (its buffer past the high-water mark, so no read will come, nor
+        could an error event get through), close that client's connection."""
+        self.expire(DRAINING)
+        client = self.client
+        if client is not None and not client.is_closing() and \
+                client.get_write_buffer_size() >= client.get_write_buffer_limits()[1]:
+            client.abort()
 
     def finish_after_end(self) -> None:
         """The client has the whole answer (the stream's end marker came): read what the upstream
@@ -76,6 +88,7 @@ class Lease:
         if self.upstream.at_eof():
             self.finish()
             return
+        self.tail = True
         self.background.keep(asyncio.get_running_loop().create_task(self._drain()))
 
     def finish(self, failure: str | None = None) -> None:

@@ -271,6 +271,9 @@ class Race:
             except asyncio.CancelledError:
                 task = racer.task
                 if not racer.capped or task is None or task.uncancel():
+                    if racer.measuring and self._won():  # kept after the answer: the record waits for a word
+                        racer.trail.attempts.append(Attempt(racer.target.name, "lost",
+                                                            self.walker.clock() - racer.started))
                     raise  # the client left, or the loop is closing
                 self._capped(racer)
                 return

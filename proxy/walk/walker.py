@@ -274,7 +274,8 @@ class Walker:
             self._failed(trail, aim, slot.ts, INVALID_BODY, started)  # not the success it claims
             return INVALID_BODY
         ttfc = now - started
-        self.state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
+        if not slot.ts.retired:  # a call begun before a reload moved its provider measures the old address
+            self.state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
         slot.ts.breaker.success()
         slot.ts.history.append(True)
         attempt = Attempt(target.name, str(status), ttfc, False, ttfc)
