@@ -123,8 +123,8 @@ class Tracker:
         series = self.modes[mode].get(key)
         return None if series is None else series.slope()
 
-    def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
-        """The target's figure in ``mode`` under a route's policy, or None while it counts as unmeasured."""
+    def _measured(self, key: TargetKey, policy: Fastest, now: float, mode: str) -> Series | None:
+        """The target's samples in ``mode`` when a route's policy counts them (fresh and enough)."""
         series = self.modes[mode].get(key)
         if series is None or series.newest_at is None:
             return None
@@ -132,20 +132,21 @@ class Tracker:
             return None
         if min(len(series.samples), policy.window) < policy.min_samples:
             return None
-        if policy.signal == "p50":
-            return series.p50(policy.window)
-        return series.smoothed(policy.alpha)
+        return series
+
+    def figure(self, key: TargetKey, policy: Fastest, now: float, mode: str = STREAMED) -> float | None:
+        """The target's figure in ``mode`` under a route's policy, or None while it counts as unmeasured."""
+        series = self._measured(key, policy, now, mode)
+        if series is None:
+            return None
+        return series.p50(policy.window) if policy.signal == "p50" else series.smoothed(policy.alpha)
 
     def figures(self, key: TargetKey, policy: Fastest, now: float, mode: str,
                 fast_alpha: float) -> tuple[float | None, float | None]:
-        """``figure`` and, over the same samples under the same age and count rules, their EWMA of
-        weight ``fast_alpha``: what ``fastest`` ranks by, in one look (it runs per target per request)."""
-        series = self.modes[mode].get(key)
-        if series is None or series.newest_at is None:
-            return None, None
-        if now - series.newest_at > policy.max_age_secs:
-            return None, None
-        if min(len(series.samples), policy.window) < policy.min_samples:
+        """``figure`` and, over the same samples, their EWMA of weight ``fast_alpha``: what ``fastest``
+        ranks by, in one look (it runs per target per request)."""
+        series = self._measured(key, policy, now, mode)
+        if series is None:
             return None, None
         figure = series.p50(policy.window) if policy.signal == "p50" else series.smoothed(policy.alpha)
         return figure, series.smoothed(fast_alpha)

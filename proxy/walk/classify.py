@@ -21,6 +21,7 @@ import orjson
 
 from ..errors import StreamTooLarge
 from ..providers.first_token import Ended, UpstreamError
+from ..state.breaker import MAX_COOLDOWN
 from .limiter import Busy
 from .transport import BodyTooLarge, failure_of
 
@@ -63,7 +64,7 @@ def fails_over(status: int) -> bool:
     return status in (408, 429) or status >= 500
 
 
-MAX_HINT = 300.0  # one answer cools a target down for at most this long: the breaker's longest cooldown
+MAX_HINT = MAX_COOLDOWN  # one answer cools a target down for at most the breaker's longest cooldown
 
 
 def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:

@@ -72,7 +72,7 @@ def failure_of(exc: BaseException) -> tuple[str, str] | None:
     if isinstance(exc, ConnectFailed):
         return exc.kind, exc.message
     if isinstance(exc, MalformedAnswer):
-        return "reset", f"upstream sent a malformed answer: {str(exc).splitlines()[0]}"
+        return "reset", f"upstream sent a malformed answer: {exc}"
     if isinstance(exc, ssl.SSLError):
         return "tls", f"TLS failure talking to upstream: {exc}"
     if isinstance(exc, aiohttp.ClientError | OSError):
