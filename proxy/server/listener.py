@@ -50,6 +50,7 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from ..config import Connections
+from ..walk.lease import reset
 from .dialect import OPENAI, error_bytes
 from .request import BodyTimeout
 
@@ -292,9 +293,8 @@ class GuardedHandler(RequestHandler):
         it), which cancels the handler and frees whatever it holds upstream."""
         self.paused_since = None
         self.fault = f"client stopped reading (no byte taken for {limit:g} s, connections.send_timeout)"
-        transport = self.transport
-        if transport is not None:
-            transport.abort()
+        if self.transport is not None:
+            reset(self.transport)
 
     def head_timed_out(self, limit: float) -> None:
         """No whole request head in time: say so (408), then close.

@@ -9,6 +9,9 @@ Nothing points back at the walker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +22,23 @@ from .deadlines import Deadlines, Expired
 from .slot import Slot
 from .transport import UPSTREAM_ERRORS, Upstream
 
-__all__ = ["MAX_DRAIN", "Background", "Lease"]
+__all__ = ["MAX_DRAIN", "Background", "Lease", "reset"]
 
 MAX_DRAIN = 64 * 1024  # read after a stream's end marker before giving up on the connection
+
+
+_LINGER_OFF = struct.pack("ii", 1, 0)
+
+
+def reset(transport: asyncio.WriteTransport) -> None:
+    """Cut a client that reads no more at once: a reset, its unsent bytes dropped. A plain close
+    would leave the kernel holding our full send buffer (megabytes on loopback) for a reader that
+    may never come back for it."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_OFF)
+    transport.abort()
 
 
 class Background:
@@ -77,7 +94,7 @@ class Lease:
         if self.waiting_since is None and client is not None and not self.tail and reason != DRAINING \
                 and not client.is_closing():
             self.stalled = f"client stopped reading (the stream reached its {reason})"
-            client.abort()
+            reset(client)
 
     def cut(self) -> None:
         """The drain's grace is over: wake the relay's read, and when the relay is stuck writing to
