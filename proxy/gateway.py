@@ -27,11 +27,11 @@ from .observe.ledger_read import measured_costs
 from .scrub import Scrubber
 from .sim.transport import SimTransport
 from .state import State
+from .upstream.http1 import Pool
+from .upstream.transport import HttpTransport, Transport
 from .walk.deadlines import Deadlines
-from .walk.http1 import Pool
 from .walk.lease import Lease
 from .walk.limiter import Limiters
-from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from ..config import Provider
 from ..providers.base import UpstreamRequest
-from ..walk.transport import Upstream
+from ..upstream.transport import Upstream
 from .simulator import Simulator
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from ..config import Cooldown, Target
 from ..providers.base import StreamTranslator
+from ..upstream.transport import UPSTREAM_ERRORS, Upstream
 from .deadlines import Deadlines, Expired
 from .slot import Slot
-from .transport import UPSTREAM_ERRORS, Upstream
 
 __all__ = ["MAX_DRAIN", "Background", "Lease"]
 

@@ -28,6 +28,7 @@ from ..routing.decision import Attempt
 from ..state import State, TargetState
 from ..state.breaker import PROBE, WAIT
 from ..state.tracker import BUFFERED, STREAMED
+from ..upstream.transport import Transport, Upstream
 from .classify import (
     BUSY,
     INVALID_BODY,
@@ -43,7 +44,6 @@ from .lease import Background, Lease
 from .limiter import Limiters
 from .result import JSON_HEADERS, Trail, Walked
 from .slot import Slot
-from .transport import Transport, Upstream
 
 __all__ = ["Walker"]
 

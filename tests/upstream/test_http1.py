@@ -22,8 +22,8 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.walk.http1 import ConnectFailed, MalformedAnswer, Origin, Pool, _endpoint, request_head
-from proxy.walk.transport import failure_of
+from proxy.upstream.http1 import ConnectFailed, MalformedAnswer, Origin, Pool, _endpoint, request_head
+from proxy.upstream.transport import failure_of
 
 from ..anthropic_fakes import anthropic_provider, messages_handler
 from ..conftest import route_config

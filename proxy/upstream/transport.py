@@ -90,7 +90,7 @@ def break_of(exc: BaseException) -> str:
 
 
 class HttpUpstream:
-    """An answer of :mod:`proxy.walk.http1` as an :class:`Upstream`.
+    """An answer of :mod:`proxy.upstream.http1` as an :class:`Upstream`.
 
     An identity body is read with aiohttp's own ``readany`` (no wrapper per
     chunk: this is the relay's hot path). A compressed one is inflated by aiohttp
@@ -147,7 +147,7 @@ class HttpUpstream:
 
 
 class HttpTransport:
-    """Upstream calls over :class:`~proxy.walk.http1.Pool`: the only deadline it keeps is the
+    """Upstream calls over :class:`~proxy.upstream.http1.Pool`: the only deadline it keeps is the
     connect one; first chunk, idle and total are kept by ``proxy.walk.deadlines``, without a
     timer armed per attempt or re-armed on every read."""
 
