@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from proxy.providers.responses_to_chat import _NEEDS
+from proxy.translate.responses_to_chat import _NEEDS
 
 from .test_codex import CONFIG
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..config import Provider, Target
-from .first_token import FirstToken
-from .sse import data_frame
+from ..translate.first_token import FirstToken
+from ..translate.sse import data_frame
 
 PATHS = {
     "chat": "/chat/completions",

@@ -20,8 +20,8 @@ import orjson
 from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamTooLarge
 from ..memory import trim
+from ..providers.base import openai_error_event
 from .anthropic_to_chat import AnthropicStreamError
-from .base import openai_error_event
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import error_of

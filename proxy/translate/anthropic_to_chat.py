@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from ..errors import StreamError, error_body, error_type
-from .base import openai_error_event
+from ..providers.base import openai_error_event
 from .chat_to_anthropic import tool_call_of
 from .sse import DONE, SseDecoder, data_frame
 from .tokens import says_context_overflow, token_count
