@@ -15,7 +15,8 @@ from proxy.config import Price
 from proxy.observe.accesslog import AccessLog
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
-from proxy.translate.usage import cost_of, usage_of_body
+from proxy.routing.cost import cost_of
+from proxy.translate.usage import usage_of_body
 
 from .anthropic_fakes import USAGE_IN, USAGE_OUT, anthropic_provider, messages_handler
 from .conftest import chunk_event, decision_of, ok_handler, openai_provider, sse

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 from ..config import Provider, Target
 from ..translate.first_token import FirstToken
-from ..translate.sse import data_frame
 
 PATHS = {
     "chat": "/chat/completions",
@@ -64,12 +63,6 @@ class StreamTranslator(Protocol):
     def error_event(self, message: str) -> bytes:
         """The event that ends a stream broken after commit, in the client's shape."""
         ...
-
-
-def openai_error_event(message: str) -> bytes:
-    """The relay's closing error event in OpenAI's stream shape."""
-    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
-    return data_frame(err)
 
 
 class Adapter(Protocol):
