@@ -8,12 +8,12 @@ transport and the session.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import Provider, Target
 from ..translate.first_token import FirstToken
+from ..upstream.transport import UpstreamRequest  # what an adapter builds: the wire's record
 
 PATHS = {
     "chat": "/chat/completions",
@@ -33,15 +33,6 @@ class Call:
     stream: bool
     wants_usage: bool = False  # the client itself asked for stream_options.include_usage
     beta: str | None = None  # the client's anthropic-beta header, for Anthropic targets only
-
-
-@dataclass(slots=True)  # built per request: a frozen init costs about three times as much
-class UpstreamRequest:
-    method: str
-    url: str
-    headers: Mapping[str, str]
-    body: bytes
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class StreamTranslator(Protocol):
