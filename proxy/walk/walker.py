@@ -187,10 +187,11 @@ class Walker:
         The send step runs inline, not in a coroutine of its own: every resume of the request's
         task passes through each frame of its await chain, and one more measured (callgrind)."""
         started = self.clock()
+        provider, call = aim.provider, aim.call
+        request = aim.request if call.trace is None else call.trace.attempt(aim.target.name, started, aim.request)
         slot = self._admit(trail, aim, started)
         if slot is None:
             return SKIPPED
-        provider, call = aim.provider, aim.call
         task = asyncio.current_task()
         assert task is not None
         waiting = _Waiting(task, started, provider.timeouts.first_chunk)
@@ -202,7 +203,7 @@ class Walker:
                 try:
                     if slot.limiter is not None:
                         await slot.queue()  # and counts in flight; without a limit, the slot did
-                    upstream = slot.upstream = await aim.transport.send(provider, aim.request)
+                    upstream = slot.upstream = await aim.transport.send(provider, request)
                     if not 200 <= upstream.status < 300:
                         first, failure = await upstream.read(MAX_ERROR_BODY), None
                     elif call.stream:
