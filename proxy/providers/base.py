@@ -9,11 +9,14 @@ transport and the session.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Provider, Target
 from ..translate.first_token import FirstToken
 from ..upstream.transport import UpstreamRequest  # what an adapter builds: the wire's record
+
+if TYPE_CHECKING:
+    from ..traceparent import TraceContext
 
 PATHS = {
     "chat": "/chat/completions",
@@ -33,6 +36,7 @@ class Call:
     stream: bool
     wants_usage: bool = False  # the client itself asked for stream_options.include_usage
     beta: str | None = None  # the client's anthropic-beta header, for Anthropic targets only
+    trace: TraceContext | None = None  # tracing on: stamps each attempt's traceparent (proxy/traceparent.py)
 
 
 class StreamTranslator(Protocol):
