@@ -20,7 +20,8 @@ from ..bounds import YIELD_EVERY
 from ..config import Provider
 from ..providers.base import UpstreamRequest
 from ..scrub import Scrubber
-from .http1 import Answer, ConnectFailed, MalformedAnswer, Pool
+from .connection import InterimFlood
+from .http1 import Answer, BadStatus, ConnectFailed, MalformedAnswer, Pool
 
 
 class Upstream(Protocol):
@@ -71,6 +72,10 @@ def failure_of(exc: BaseException) -> tuple[str, str] | None:
         return "timeout", "upstream did not answer in time"
     if isinstance(exc, ConnectFailed):
         return exc.kind, exc.message
+    if isinstance(exc, BadStatus):
+        return "bad upstream status", str(exc)
+    if isinstance(exc, InterimFlood):
+        return "interim flood", str(exc)
     if isinstance(exc, MalformedAnswer):
         return "reset", f"upstream sent a malformed answer: {exc}"
     if isinstance(exc, ssl.SSLError):
