@@ -105,7 +105,7 @@ class Connection(ResponseHandler):
             pos += len(piece)
             self.head_bytes += len(piece)
             super().data_received(piece)
-            if self.awaiting and (self.interims > INTERIM_MAX or self.head_bytes > HEAD_BYTES):
+            if self.interims > INTERIM_MAX or (self.awaiting and self.head_bytes > HEAD_BYTES):
                 self._flood()
                 return
         if pos < len(data) and not self.cut and self.transport is not None:
@@ -131,9 +131,11 @@ class Connection(ResponseHandler):
         self.answered = True
 
     def _flood(self) -> None:
-        """Stop reading (the caller's failure closes the connection) and fail the call."""
+        """Stop reading (the caller's failure closes the connection) and fail the call, even when
+        the final answer came in the same slice."""
         self.force_close()
         self.cut = True
+        self._buffer.clear()
         if self.transport is not None:
             self.transport.pause_reading()
         self.set_exception(InterimFlood(

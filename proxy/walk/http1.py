@@ -79,7 +79,7 @@ class BadStatus(aiohttp.ClientError):
         elif 300 <= status < 400:
             did = f"answered {status}, a redirect, which firstbyte neither follows nor passes on"
         else:
-            did = f"answered {status}, a status HTTP does not define"
+            did = f"answered {status:03d}, a status HTTP does not define"
         super().__init__(f"upstream {did}; only 2xx, 4xx and 5xx answers are relayed")
         self.status = status
 
