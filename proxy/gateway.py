@@ -67,6 +67,7 @@ class Gateway:
         self.draining = False
         self.loaded_at = time.time()  # when the config in force was taken
         self.reload_ok = True  # the last load was taken (False after a refused reload)
+        self.reloads = {"taken": 0, "refused": 0}  # SIGHUP reloads since start, for /metrics
         self.rngs: dict[str, random.Random] = {}
         self._shared_rng = random.Random()
         self.config = config

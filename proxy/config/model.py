@@ -231,13 +231,16 @@ class Connections:
 
     A connection has ``header_timeout`` from its opening (or from the first byte of its next
     request) to send a whole request head, and ``body_timeout`` from then to send the body;
-    between requests it may idle ``keepalive_timeout``. Beyond ``max`` open connections a new
-    one is answered 503 and closed. They take effect on restart, like ``listen``."""
+    between requests it may idle ``keepalive_timeout``. A response the client takes no byte of
+    for ``send_timeout`` (it stopped reading) is cut, freeing its upstream call. At ``max`` open
+    connections the one idle longest between requests is closed for a new one; with none idle, a
+    new one is answered 503 and closed. They take effect on restart, like ``listen``."""
 
     max: int = 4096
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     keepalive_timeout: float = 15.0
+    send_timeout: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
