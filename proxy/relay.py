@@ -25,8 +25,8 @@ from aiohttp import web
 from .errors import StreamError
 from .server.listener import client_fault
 from .server.replies import GATEWAY
+from .upstream.transport import UPSTREAM_ERRORS, break_of
 from .walk.lease import DRAINING, Lease
-from .walk.transport import UPSTREAM_ERRORS, break_of
 
 # Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
 DROPPED = frozenset(

@@ -6,6 +6,7 @@ changes here and nowhere else. Nothing here reads files or the environment.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -13,6 +14,7 @@ __all__ = [
     "AZURE_API_VERSION",
     "DEFAULT_STRATEGY",
     "KINDS",
+    "MODEL_IN_PATH",
     "SIGNALS",
     "STRATEGIES",
     "AccessLog",
@@ -31,14 +33,32 @@ __all__ = [
     "Target",
     "TargetKey",
     "Timeouts",
+    "Tracing",
+    "path_segment_problem",
     "split_listen",
 ]
 
 KINDS = ("openai", "anthropic", "simulated", "azure")
+MODEL_IN_PATH = ("azure",)  # kinds whose upstream model is a segment of the request's URL path
 STRATEGIES = ("ordered", "weighted", "fastest", "cheapest", "score")
 DEFAULT_STRATEGY = "ordered"  # a route that names none
 SIGNALS = ("ewma", "p50")
 AZURE_API_VERSION = "2024-10-21"  # the latest GA api-version of Azure OpenAI's data plane
+
+_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def path_segment_problem(model: str) -> str | None:
+    """Why ``model`` cannot be one segment of an upstream URL path, or None. Letters, digits and
+    ``. _ -`` only, and not ``.`` or ``..``: a dot segment climbs the path once a URL library or
+    the upstream normalises it (``/deployments/../chat`` is ``/chat``), and a slash, backslash or
+    percent sign is a second segment or a dot segment to any upstream that decodes before it routes."""
+    if _SEGMENT.fullmatch(model) is None:
+        return "may hold only letters, digits, '.', '_' and '-' (it is a segment of the upstream URL path)"
+    if not model.strip("."):
+        return "is a dot segment, which would climb the upstream URL path"
+    return None
+
 
 TargetKey = tuple[str, str]  # (provider name, upstream model): the unit figures are kept for
 
@@ -224,6 +244,18 @@ class Connections:
 
 
 @dataclass(frozen=True, slots=True)
+class Tracing:
+    """OpenTelemetry traces (``tracing:``, needs ``firstbyte[otel]``): spans go by OTLP/HTTP to
+    ``otlp`` (a collector's ``/v1/traces``). ``sample`` is the share of new traces kept; a
+    request that arrives with a ``traceparent`` follows its caller's choice."""
+
+    otlp: str | None = None
+    sample: float = 1.0
+    service_name: str = "firstbyte"
+    queue: int = 2048  # spans held for the exporter; more are dropped, never waited for
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     listen: str = "127.0.0.1:8080"
     ops_listen: str | None = None
@@ -235,6 +267,7 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_grace: float = 30.0
     connections: Connections = Connections()
+    tracing: Tracing | None = None  # None: no traces (the default)
     source: str = "<memory>"
 
     def target_keys(self) -> set[TargetKey]:

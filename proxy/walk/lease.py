@@ -18,9 +18,9 @@ from typing import Any
 
 from ..config import Cooldown, Target
 from ..providers.base import StreamTranslator
+from ..upstream.transport import UPSTREAM_ERRORS, Upstream
 from .deadlines import Deadlines, Expired
 from .slot import Slot
-from .transport import UPSTREAM_ERRORS, Upstream
 
 __all__ = ["MAX_DRAIN", "Background", "Lease", "reset"]
 
@@ -126,9 +126,8 @@ class Lease:
         self.deadlines.calls.discard(self)
         self.slot.release()
         if failure is not None and self.expired != DRAINING:
-            ts = self.slot.ts
-            ts.history.append(False)
-            ts.breaker.failure(self.clock(), self.cooldown)
+            slot = self.slot
+            slot.state.failed(slot.ts, self.clock(), self.cooldown, failure)
 
     async def _drain(self) -> None:
         """Up to ``MAX_DRAIN`` bytes after the end marker, each read under the lease's idle and
