@@ -217,7 +217,7 @@ class CostRefresher:
         except sqlite3.Error as exc:
             log.warning("cost refresh from %s failed: %s", path, exc)
             return
-        self.state.costs = costs
+        self.state.set_costs(costs)
 
     def start(self) -> None:
         if self._task is None:

@@ -31,6 +31,7 @@ __all__ = [
     "Target",
     "TargetKey",
     "Timeouts",
+    "Tracing",
     "split_listen",
 ]
 
@@ -223,6 +224,18 @@ class Connections:
 
 
 @dataclass(frozen=True, slots=True)
+class Tracing:
+    """OpenTelemetry traces (``tracing:``, needs ``firstbyte[otel]``): spans go by OTLP/HTTP to
+    ``otlp`` (a collector's ``/v1/traces``). ``sample`` is the share of new traces kept; a
+    request that arrives with a ``traceparent`` follows its caller's choice."""
+
+    otlp: str | None = None
+    sample: float = 1.0
+    service_name: str = "firstbyte"
+    queue: int = 2048  # spans held for the exporter; more are dropped, never waited for
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     listen: str = "127.0.0.1:8080"
     ops_listen: str | None = None
@@ -234,6 +247,7 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_grace: float = 30.0
     connections: Connections = Connections()
+    tracing: Tracing | None = None  # None: no traces (the default)
     source: str = "<memory>"
 
     def target_keys(self) -> set[TargetKey]:

@@ -43,6 +43,7 @@ from .model import (
     Target,
     Timeouts,
 )
+from .tracing import tracing_section
 
 __all__ = ["load_config", "parse_config"]
 
@@ -86,7 +87,7 @@ _TARGET_KEYS = ("provider", "model", "name", "retry", "weight", "quality", "cont
 _ROUTE_KEYS = ("strategy", "targets", "fastest", "allow", "deny", "min_context_window", "min_quality",
                "cooldown", "score", "hedge", "fail_over_on")
 _TOP_KEYS = ("listen", "ops_listen", "clients", "access_log", "ledger", "providers", "routes", "max_body_bytes",
-             "shutdown_grace", "connections")
+             "shutdown_grace", "connections", "tracing")
 
 
 def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str], base: Path) -> Provider | None:
@@ -110,13 +111,8 @@ def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str], base: Path
     if "api_version" in data and kind != "azure":
         r.problem(f"{path}.api_version", "only for kind azure")
     return Provider(
-        name=name,
-        kind=kind,
-        base_url=base_url,
-        api_key_env=key_env,
-        api_key_file=key_file,
-        api_key=api_key,
-        timeouts=timeouts,
+        name=name, kind=kind, base_url=base_url,
+        api_key_env=key_env, api_key_file=key_file, api_key=api_key, timeouts=timeouts,
         max_concurrent=r.number(data, "max_concurrent", path, default(Provider, "max_concurrent"), low=0,
                                 integer=True),
         queue=r.number(data, "queue", path, default(Provider, "queue"), low=0, integer=True),
@@ -376,6 +372,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
                                 integer=True),
         shutdown_grace=r.number(data, "shutdown_grace", "(top)", default(Config, "shutdown_grace"), low=0),
         connections=section(r, Connections, data.get("connections"), "connections", _CONNECTIONS),
+        tracing=tracing_section(r, data.get("tracing")),
         source=source,
     )
     if problems:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Provider, Target
 from .first_token import FirstToken
 from .sse import data_frame
+
+if TYPE_CHECKING:
+    from ..traceparent import TraceContext
 
 PATHS = {
     "chat": "/chat/completions",
@@ -34,6 +37,7 @@ class Call:
     stream: bool
     wants_usage: bool = False  # the client itself asked for stream_options.include_usage
     beta: str | None = None  # the client's anthropic-beta header, for Anthropic targets only
+    trace: TraceContext | None = None  # tracing on: stamps each attempt's traceparent (proxy/traceparent.py)
 
 
 @dataclass(slots=True)  # built per request: a frozen init costs about three times as much

@@ -8,7 +8,7 @@ target's chat API, whose request ``responses_to_chat`` built:
   sequence as they arrive, with sequence numbers, and ends a broken stream with
   ``error`` and ``response.failed``.
 
-Pure functions and one sans-I/O stream translator. The README's "Responses API"
+Pure functions and one sans-I/O stream translator. docs/apis.md's "Responses API"
 table maps both halves.
 """
 

@@ -9,7 +9,7 @@ its chat API here, and ``chat_to_responses`` brings the answer back.
 response store or hosted tools (``previous_response_id``, ``background``,
 built-in tools…), which the walker records as an ``untranslatable`` attempt.
 
-Pure functions, like ``messages_to_chat`` for ``/v1/messages``. The README's
+Pure functions, like ``messages_to_chat`` for ``/v1/messages``. docs/apis.md's
 "Responses API" table is this module's map.
 """
 

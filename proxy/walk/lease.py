@@ -99,9 +99,8 @@ class Lease:
         self.deadlines.calls.discard(self)
         self.slot.release()
         if failure is not None and self.expired != DRAINING:
-            ts = self.slot.ts
-            ts.history.append(False)
-            ts.breaker.failure(self.clock(), self.cooldown)
+            slot = self.slot
+            slot.state.failed(slot.ts, self.clock(), self.cooldown, failure)
 
     async def _drain(self) -> None:
         """Up to ``MAX_DRAIN`` bytes after the end marker, each read under the lease's idle and

@@ -4,8 +4,8 @@ Each attempt is three steps. *Admit*: the breaker's word (a target that opened s
 plan is skipped) and a :class:`~proxy.walk.slot.Slot`. *Send*: take the slot under the
 provider's limit, send through the provider kind's transport, and read up to the commit
 point, the first token of a 2xx answer (``providers/first_token.py``). *Settle*: classify
-what came back by the one rule in ``classify.py`` and feed the tracker, breaker and history
-(here and only here). Before the commit every failure, an error event inside a 200 included,
+what came back by the one rule in ``classify.py`` and tell the state through its named
+methods (``State.first_token``, ``failed``, ``cool``: the one door, docs/adr/0012). Before the commit every failure, an error event inside a 200 included,
 may move on; after it the walker hands the open call (a :class:`~proxy.walk.lease.Lease`)
 to the relay. The slot goes back when the attempt ends, or with the lease.
 """
@@ -188,10 +188,11 @@ class Walker:
         The send step runs inline, not in a coroutine of its own: every resume of the request's
         task passes through each frame of its await chain, and one more measured (callgrind)."""
         started = self.clock()
+        provider, call = aim.provider, aim.call
+        request = aim.request if call.trace is None else call.trace.attempt(aim.target.name, started, aim.request)
         slot = self._admit(trail, aim, started)
         if slot is None:
             return SKIPPED
-        provider, call = aim.provider, aim.call
         task = asyncio.current_task()
         assert task is not None
         waiting = _Waiting(task, started, provider.timeouts.first_chunk)
@@ -203,7 +204,7 @@ class Walker:
                 try:
                     if slot.limiter is not None:
                         await slot.queue()  # and counts in flight; without a limit, the slot did
-                    upstream = slot.upstream = await aim.transport.send(provider, aim.request)
+                    upstream = slot.upstream = await aim.transport.send(provider, request)
                     if not 200 <= upstream.status < 300:
                         first, failure = await upstream.read(MAX_ERROR_BODY), None
                     elif call.stream:
@@ -242,12 +243,13 @@ class Walker:
     def _admit(self, trail: Trail, aim: _Aim, now: float) -> Slot | None:
         """The breaker's word on this try: a target that opened (or whose probe left) since the
         plan is skipped without a call."""
-        ts = self.state.target(aim.target.key)
-        admitted = ts.breaker.begin(now, rescue=aim.rescue)
+        state = self.state
+        ts = state.target(aim.target.key)
+        admitted = state.admit(ts, now, rescue=aim.rescue)
         if admitted == WAIT:
             trail.skipped(aim.target.name, ts.breaker.health(now).reason)
             return None
-        return Slot(ts, self.limiters.get(aim.provider.name), admitted == PROBE, not aim.call.stream)
+        return Slot(state, ts, self.limiters.get(aim.provider.name), admitted == PROBE, not aim.call.stream)
 
     def _raised(self, trail: Trail, aim: _Aim, slot: Slot, exc: Exception, started: float) -> Outcome:
         """The send step raised. Timing out while queued for our own limit is busy, not the
@@ -275,10 +277,7 @@ class Walker:
             self._failed(trail, aim, slot.ts, INVALID_BODY, started)  # not the success it claims
             return INVALID_BODY
         ttfc = now - started
-        if not slot.ts.retired:  # a call begun before a reload moved its provider measures the old address
-            self.state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
-        slot.ts.breaker.success()
-        slot.ts.history.append(True)
+        self.state.first_token(slot.ts, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
         attempt = Attempt(target.name, str(status), ttfc, False, ttfc)
         if not call.stream:
             trail.answered(attempt, status, upstream.headers, aim.adapter.translate_body(call, target, first))
@@ -339,10 +338,9 @@ class Walker:
         now = self.clock()
         trail.failed(Attempt(aim.target.name, outcome.word, now - started, True), outcome, body)
         if outcome.counts:
-            ts.history.append(False)
-            ts.breaker.failure(now, aim.route.cooldown)
+            self.state.failed(ts, now, aim.route.cooldown, outcome.word)
         if outcome.retry_after is not None:
-            ts.breaker.cool(now + outcome.retry_after)
+            self.state.cool(ts, now + outcome.retry_after)
 
 
 async def _first_token(upstream: Upstream, gate: FirstToken) -> None:
