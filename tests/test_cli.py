@@ -112,3 +112,16 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> N
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert f"{config}:3:1: not valid YAML: expected the node content" in run.stderr
     assert "<unicode string>" not in run.stderr
+
+
+def test_check_into_a_closed_pipe_stops_quietly() -> None:
+    """``firstbyte check ... | head``: the reader leaves before the plan is written. The command
+    ends with SIGPIPE's exit status and no traceback (it used to print a BrokenPipeError's)."""
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "check", "--config", str(ROOT / "routes.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    with proc.stderr:
+        stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=30) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.routing.decision import parse_header
 
+from .conftest import ok_handler
+
 KEY = "client-key-123"
 
 
@@ -242,6 +244,36 @@ async def test_a_sighup_during_a_reload_runs_after_it(service: Running, tmp_path
     while stderr.read_text().count("reloaded ") < 2:
         assert loop.time() < deadline, f"the second SIGHUP was dropped:\n{stderr.read_text()[-2000:]}"
         await asyncio.sleep(0.05)
+
+
+async def test_api_key_file_is_read_again_on_sighup(service: Running, tmp_path: Path, upstreams: Any) -> None:
+    """A provider's key in a file (systemd's $CREDENTIALS_DIRECTORY): rotated in the file, the
+    next SIGHUP puts the new key on the next upstream call, with no restart."""
+    up = await upstreams({"/v1/chat/completions": ok_handler("keyed")})
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "upstream").write_text("sk-first\n")
+    config = base_config(*service.ports, tmp_path)
+    config["providers"]["keyed"] = {"kind": "openai", "base_url": up.url + "/v1",
+                                    "api_key_file": str(creds / "upstream")}
+    config["routes"]["keyed"] = {"targets": [{"provider": "keyed", "model": "m"}]}
+
+    async def reload() -> None:
+        service.messages.clear()
+        service.proc.send_signal(signal.SIGHUP)
+        await service.wait_for("RELOADING=1")
+        await service.wait_for("READY=1")
+
+    service.config.write_text(yaml.safe_dump(config))
+    await reload()
+    async with aiohttp.ClientSession() as session:
+        assert (await chat(session, service, "keyed"))[0] == 200
+        (creds / "upstream").write_text("sk-second\n")
+        assert (await chat(session, service, "keyed"))[0] == 200  # not read again until told
+        await reload()
+        assert (await chat(session, service, "keyed"))[0] == 200
+    assert [c["headers"]["Authorization"] for c in up.calls] == ["Bearer sk-first", "Bearer sk-first",
+                                                                 "Bearer sk-second"]
 
 
 async def test_sigterm_drains_a_slow_stream_then_exits_zero(service: Running, tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ class Provider:
     kind: str
     base_url: str = ""
     api_key_env: str | None = None
+    api_key_file: str | None = None  # read at load (and on reload): systemd's $CREDENTIALS_DIRECTORY
     api_key: str | None = field(default=None, repr=False)
     timeouts: Timeouts = Timeouts()
     max_concurrent: int = 0
@@ -106,7 +107,7 @@ class Provider:
 
     @property
     def has_credentials(self) -> bool:
-        return self.api_key_env is None or bool(self.api_key)
+        return (self.api_key_env is None and self.api_key_file is None) or bool(self.api_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,7 @@ class Route:
     cooldown: Cooldown = Cooldown()
     score: ScoreWeights = ScoreWeights()
     hedge: Hedge | None = None
+    fail_over_on: tuple[int, ...] = ()  # more upstream statuses that move on (and count), e.g. 404
 
     def __post_init__(self) -> None:
         if self.fastest.load_fit is None:  # unset: on under a race (docs/adr/0008), off as before without one

@@ -29,7 +29,7 @@ class AzureAdapter(OpenAIAdapter):
         slash) is refused here too, whichever way it came (a pin is refused before, at planning)."""
         problem = path_segment_problem(target.model)
         if problem is not None:
-            raise TranslationError(f"the Azure deployment {target.model!r} {problem}")
+            raise TranslationError("model", f"the Azure deployment {target.model!r} {problem}")
         body = upstream_body(target, call)
         del body["model"]  # the deployment in the URL names the model
         headers = {"content-type": "application/json"}
