@@ -9,36 +9,20 @@ Nothing points back at the walker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import Cooldown, Target
 from ..providers.base import StreamTranslator
+from ..sockets import reset
 from ..upstream.transport import UPSTREAM_ERRORS, Upstream
 from .deadlines import Deadlines, Expired
 from .slot import Slot
 
-__all__ = ["MAX_DRAIN", "Background", "Lease", "reset"]
+__all__ = ["MAX_DRAIN", "Background", "Lease"]
 
 MAX_DRAIN = 64 * 1024  # read after a stream's end marker before giving up on the connection
-
-
-_LINGER_OFF = struct.pack("ii", 1, 0)
-
-
-def reset(transport: asyncio.WriteTransport) -> None:
-    """Cut a client that reads no more at once: a reset, its unsent bytes dropped. A plain close
-    would leave the kernel holding our full send buffer (megabytes on loopback) for a reader that
-    may never come back for it."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError, AttributeError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_OFF)
-    transport.abort()
 
 
 class Background:
