@@ -891,7 +891,7 @@ class ClientAttacks:
     every ask on a new connection served."""
 
     FILL = CONNECTIONS_MAX + 16
-    ASK_EVERY = 6.0  # seconds between two asks on one idle connection
+    ASK_EVERY = 12.0  # seconds between two asks on one idle connection (as in issue 31)
 
     def __init__(self, port: int) -> None:
         self.port = port
