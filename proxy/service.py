@@ -84,7 +84,7 @@ class Service:
                         log.warning("%s changed: takes effect on restart", key)
                 self.gateway.apply(config)
                 self.gateway.reload_ok = True
-                await self.hub.reconfigure(config, self.gateway)
+                await self.hub.reconfigure(config, self.gateway.outbox)
                 log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
                 return True
             finally:
@@ -107,7 +107,7 @@ class Service:
 
     async def _start_site(self, app: web.Application, listen: str, name: str) -> None:
         guard = Guard(self.gateway.config.connections, name)
-        self.gateway.guards.append(guard)
+        self.hub.connections.append(guard)  # counted on /metrics
         runner = GuardedRunner(
             app,
             guard,

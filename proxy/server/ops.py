@@ -196,7 +196,9 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[HUB].scrape(request.app[GATEWAY])
+    gw = request.app[GATEWAY]
+    snapshot = gw.state.snapshot(gw.config, gw.clock())
+    body, content_type = request.app[HUB].scrape(snapshot, gw.reload_ok, gw.loaded_at)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
