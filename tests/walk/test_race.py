@@ -568,7 +568,8 @@ async def test_explain_shows_the_routes_hedge_and_its_budget(upstreams, proxy, c
                               hedge={"after": "p90", "max_extra": 0.2})
     status, explained = await p.get("/v1/routes/chat/explain")
     assert status == 200
-    assert explained["hedge"] == {"after": "p90", "delay_s": None, "leader": "a", "learner": None, "max_extra": 0.2,
+    assert explained["hedge"] == {"after": "p90", "delay_s": None, "leader": "a", "learner": None, "pays": None,
+                                  "refused": None, "max_extra": 0.2,
                                   "budget_tokens": 1.0, "budget_refused": 0, "explore": True,
                                   "refresh_s": 0.3, "cap": 4.0}  # a pNN needs the leader's samples first
     now = p.gateway.clock()
@@ -594,6 +595,7 @@ async def test_explain_names_the_leader_behind_a_learner(upstreams, proxy, capsy
     _, explained = await p.get("/v1/routes/chat/explain")
     assert (explained["hedge"]["leader"], explained["hedge"]["learner"], explained["hedge"]["delay_s"]) == (
         "b", "a", None)  # a, unmeasured, races b from the start: no timer is armed then
+    assert (explained["hedge"]["pays"], explained["hedge"]["refused"]) == ("free", None)  # its first measure
     assert await asyncio.to_thread(main, ["explain", "chat", "--url", p.url]) == 0
     assert "(a is to be measured beside b, free the first time, else on the budget: no timed hedge then)" \
         in capsys.readouterr().out
