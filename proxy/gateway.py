@@ -56,6 +56,7 @@ class Gateway:
         self.sized_routes: frozenset[str] = frozenset()
         self.loaded_at = time.time()  # when the config in force was taken
         self.reload_ok = True  # the last load was taken (False after a refused reload)
+        self.reloads = {"taken": 0, "refused": 0}  # SIGHUP reloads since start, for /metrics
         self.draining = False
         self.pool: Pool | None = None  # built at start, on the running loop
         self.walker: Walker | None = None

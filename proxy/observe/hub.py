@@ -10,8 +10,8 @@ records, never the live state.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..config import Config
 from . import Observer
@@ -36,6 +36,15 @@ class Counted(Protocol):
 
     @property
     def open(self) -> int: ...
+
+
+class Reload(NamedTuple):
+    """What /metrics says of the config in force: the last reload taken (``ok``), when it was
+    loaded, and the reloads since start by result."""
+
+    ok: bool
+    at: float
+    counts: Mapping[str, int]
 
 
 class Hub:
@@ -105,11 +114,14 @@ class Hub:
             except Exception:
                 log.exception("observer %s failed to close", type(observer).__name__)
 
-    def scrape(self, snapshot: Iterable[TargetFigures], reload_ok: bool, loaded_at: float) -> tuple[bytes, str]:
-        """Render /metrics after copying the state's ``snapshot``, the last reload's word and the
-        listeners' connections into its gauges."""
+    def scrape(self, snapshot: Iterable[TargetFigures], routes: Iterable[str], reload: Reload) -> tuple[bytes, str]:
+        """Render /metrics after copying the state's ``snapshot`` (per target, and healthy targets
+        per one of ``routes``), the reloads' word and the listeners' connections into its gauges."""
         seen: set[str] = set()
+        healthy = dict.fromkeys(routes, 0)  # per route: breaker closed, no Retry-After cooling
         for figures in snapshot:
+            if figures.health.state == "closed" and figures.health.cooling <= 0:
+                healthy[figures.route] = healthy.get(figures.route, 0) + 1
             name = figures.target.name
             if name in seen:  # a target two routes share is one series, as its first route sees it
                 continue
@@ -117,9 +129,11 @@ class Hub:
             for mode, series in figures.modes.items():
                 self.metrics.set_figure(name, series.figure, mode)
             self.metrics.set_target_state(name, figures.health.state, figures.in_flight)
+        for route, count in healthy.items():
+            self.metrics.set_route_healthy(route, count)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
-        self.metrics.set_reload(reload_ok, loaded_at)
+        self.metrics.set_reload(reload.ok, reload.at, reload.counts)
         for guard in self.connections:
             self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()
@@ -139,3 +153,4 @@ def _traces(config: Config) -> Traces | None:
     from .tracing import Traces
 
     return Traces(config.tracing, config)
+

@@ -27,7 +27,7 @@ _MESSAGES: dict[str, Adapter] = {
 
 # /v1/responses: as it is to a provider that serves it (responses: true), else through its chat API.
 _RESPONSES: dict[str, Adapter] = {
-    kind: TranslatedResponses(adapter, reasoning=kind in ("openai", "azure"), json_format=kind != "anthropic")
+    kind: TranslatedResponses(adapter, reasoning=kind in ("openai", "azure"))
     for kind, adapter in ADAPTERS.items()
 }
 _PASSTHROUGH_RESPONSES = PassthroughResponses()

@@ -32,6 +32,11 @@ class _MessagesStream(OpenAIStreamToAnthropic):
         return anthropic_error_event(message)
 
 
+def _stops(call: Call) -> list[str]:
+    stops = call.body.get("stop_sequences")
+    return [s for s in stops if isinstance(s, str)] if isinstance(stops, list) else []
+
+
 class ReverseMessages:
     def __init__(self, inner: Adapter) -> None:
         self.inner = inner
@@ -50,10 +55,10 @@ class ReverseMessages:
         return body
 
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
-        return orjson.dumps(openai_to_anthropic_response(orjson.loads(body), target.model))
+        return orjson.dumps(openai_to_anthropic_response(orjson.loads(body), target.model, _stops(call)))
 
     def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
-        return _MessagesStream(target.model)
+        return _MessagesStream(target.model, _stops(call))
 
     def first_token(self, call: Call) -> FirstToken:
         return self.inner.first_token(call)  # the upstream speaks the inner kind's stream

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from ..errors import error_body
 from ..gateway import Gateway
-from ..observe.hub import Hub
+from ..observe.hub import Hub, Reload
 from ..routing.hedge import Opening
 from ..routing.ordering import load_fit, load_penalty
 from ..routing.plan import Ask, plan
@@ -201,7 +201,8 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     snapshot = gw.state.snapshot(gw.config, gw.clock())
-    body, content_type = request.app[HUB].scrape(snapshot, gw.reload_ok, gw.loaded_at)
+    reload = Reload(gw.reload_ok, gw.loaded_at, gw.reloads)
+    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, reload)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

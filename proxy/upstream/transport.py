@@ -20,7 +20,8 @@ import aiohttp
 from ..bounds import YIELD_EVERY
 from ..config import Provider
 from ..scrub import Scrubber
-from .http1 import Answer, ConnectFailed, MalformedAnswer, Pool
+from .connection import InterimFlood
+from .http1 import Answer, BadStatus, ConnectFailed, MalformedAnswer, Pool
 
 
 @dataclass(slots=True)  # built per request: a frozen init costs about three times as much
@@ -83,6 +84,10 @@ def failure_of(exc: BaseException) -> tuple[str, str] | None:
         return "timeout", "upstream did not answer in time"
     if isinstance(exc, ConnectFailed):
         return exc.kind, exc.message
+    if isinstance(exc, BadStatus):
+        return "bad upstream status", str(exc)
+    if isinstance(exc, InterimFlood):
+        return "interim flood", str(exc)
     if isinstance(exc, MalformedAnswer):
         return "reset", f"upstream sent a malformed answer: {exc}"
     if isinstance(exc, ssl.SSLError):

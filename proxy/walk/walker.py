@@ -155,8 +155,9 @@ class Walker:
         except TranslationError as exc:
             # The request, not the provider, is the cause: move on without counting against it.
             # When no later target answers, the client gets this 400 and its reason.
+            # The message is the client's to act on: the target's name is in x-route-decision.
             trail.ended(Attempt(target.name, UNTRANSLATABLE.word, 0.0), UNTRANSLATABLE, 400, JSON_HEADERS,
-                        error_body(f"{target.name}: {exc}", "invalid_request_error", code="untranslatable"))
+                        error_body(exc.message, "invalid_request_error", code="untranslatable", param=exc.param))
             return False
         aim = _Aim(route, target, provider, adapter, call, request, self.transports[provider.kind], rescue)
         for n in range(target.retry + 1):
@@ -296,7 +297,8 @@ class Walker:
         adapter, upstream = aim.adapter, slot.upstream
         assert upstream is not None
         status = upstream.status
-        outcome = classify_status(status, upstream.headers, adapter.is_context_overflow(status, body))
+        outcome = classify_status(status, upstream.headers, adapter.is_context_overflow(status, body),
+                                  aim.route.fail_over_on)
         if not outcome.failover:
             # The body goes back in the client's JSON shape, whatever the upstream sent (a proxy's
             # text/plain 413): its other headers go along, its content type does not.
@@ -305,7 +307,9 @@ class Walker:
             trail.ended(Attempt(aim.target.name, outcome.word, now - started), outcome, status, headers,
                         adapter.client_error(aim.call, status, body))
             return None
-        self._failed(trail, aim, slot.ts, outcome, started, adapter.error_body(status, body))
+        # A status the outcome changes (a provider's 401 is the client's 502) gets the outcome's message.
+        self._failed(trail, aim, slot.ts, outcome, started,
+                     adapter.error_body(status, body) if outcome.status == status else None)
         slot.heard = True
         return outcome
 
