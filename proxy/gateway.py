@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from .config import Config
+from .config.loaded import Loaded
 from .observe import Observer
 from .observe.cost_refresher import CostRefresher
 from .observe.outbox import Outbox
@@ -54,9 +55,7 @@ class Gateway:
         self.randoms = RouteRandoms()
         self.scrubber = Scrubber()  # every key of every config applied: scrubbed from upstream text
         self.sized_routes: frozenset[str] = frozenset()
-        self.loaded_at = time.time()  # when the config in force was taken
-        self.reload_ok = True  # the last load was taken (False after a refused reload)
-        self.reloads = {"taken": 0, "refused": 0}  # SIGHUP reloads since start, for /metrics
+        self.loaded = Loaded()  # when the config in force was taken, and what the reloads did
         self.draining = False
         self.pool: Pool | None = None  # built at start, on the running loop
         self.walker: Walker | None = None
@@ -83,7 +82,7 @@ class Gateway:
         )
         self.randoms.apply(config.routes)
         self.config = config
-        self.loaded_at = time.time()
+        self.loaded.at = time.time()
 
     def rng(self, route: str) -> random.Random:
         return self.randoms.of(route)

@@ -104,15 +104,13 @@ class Service:
         for key, (new, was) in fixed.items():
             if new != was:
                 log.warning("%s changed: takes effect on restart", key)
-        self.gateway.reload_ok = True
-        self.gateway.reloads["taken"] += 1
+        self.gateway.loaded.taken()
         log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
         return True
 
     def _refused(self, reason: str, bug: bool = False) -> bool:
         log.error("reload refused, the running config stays: %s", reason, exc_info=bug)
-        self.gateway.reload_ok = False  # firstbyte_config_last_reload_successful 0
-        self.gateway.reloads["refused"] += 1
+        self.gateway.loaded.refused()  # firstbyte_config_last_reload_successful 0
         return False
 
     def _on_sighup(self) -> None:

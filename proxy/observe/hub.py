@@ -10,10 +10,11 @@ records, never the live state.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import Config
+from ..config.loaded import Loaded
 from . import Observer
 from .accesslog import AccessLog
 from .history import History
@@ -36,15 +37,6 @@ class Counted(Protocol):
 
     @property
     def open(self) -> int: ...
-
-
-class Reload(NamedTuple):
-    """What /metrics says of the config in force: the last reload taken (``ok``), when it was
-    loaded, and the reloads since start by result."""
-
-    ok: bool
-    at: float
-    counts: Mapping[str, int]
 
 
 class Hub:
@@ -114,9 +106,9 @@ class Hub:
             except Exception:
                 log.exception("observer %s failed to close", type(observer).__name__)
 
-    def scrape(self, snapshot: Iterable[TargetFigures], routes: Iterable[str], reload: Reload) -> tuple[bytes, str]:
+    def scrape(self, snapshot: Iterable[TargetFigures], routes: Iterable[str], loaded: Loaded) -> tuple[bytes, str]:
         """Render /metrics after copying the state's ``snapshot`` (per target, and healthy targets
-        per one of ``routes``), the reloads' word and the listeners' connections into its gauges."""
+        per one of ``routes``), the config's load and reloads and the listeners' connections into its gauges."""
         seen: set[str] = set()
         healthy = dict.fromkeys(routes, 0)  # per route: breaker closed, no Retry-After cooling
         for figures in snapshot:
@@ -133,7 +125,7 @@ class Hub:
             self.metrics.set_route_healthy(route, count)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
-        self.metrics.set_reload(reload.ok, reload.at, reload.counts)
+        self.metrics.set_reload(loaded.ok, loaded.at, loaded.counts)
         for guard in self.connections:
             self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()

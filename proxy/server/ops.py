@@ -13,7 +13,7 @@ from aiohttp import web
 
 from ..errors import error_body
 from ..gateway import Gateway
-from ..observe.hub import Hub, Reload
+from ..observe.hub import Hub
 from ..routing.hedge import Opening
 from ..routing.ordering import load_fit, load_penalty
 from ..routing.plan import Ask, plan
@@ -26,7 +26,7 @@ from .replies import GATEWAY, HUB, error_response, json_response, request_id
 
 async def models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    created = int(gw.loaded_at)
+    created = int(gw.loaded.at)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "firstbyte"}
         for name in gw.config.routes
@@ -43,7 +43,7 @@ async def model(request: web.Request) -> web.Response:
     provider, sep, _ = name.partition("/")
     if name in config.routes or (sep and provider in config.providers):
         owner = provider if sep else "firstbyte"
-        return json_response({"id": name, "object": "model", "created": int(gw.loaded_at), "owned_by": owner},
+        return json_response({"id": name, "object": "model", "created": int(gw.loaded.at), "owned_by": owner},
                              headers={"x-request-id": request_id(request)})
     known = ", ".join(config.routes) or "none"
     body = error_body(f"No route '{name}' (routes: {known}; or name provider/upstream-model).",
@@ -201,8 +201,7 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     snapshot = gw.state.snapshot(gw.config, gw.clock())
-    reload = Reload(gw.reload_ok, gw.loaded_at, gw.reloads)
-    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, reload)
+    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, gw.loaded)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

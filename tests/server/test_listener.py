@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.gateway import Gateway
-from proxy.observe.hub import Hub, Reload
+from proxy.observe.hub import Hub
 from proxy.server.listener import LINGER, Guard, GuardedRunner
 from proxy.server.ops import build_ops_app
 
@@ -32,8 +32,7 @@ async def guarded(upstreams, proxy):
 
 def scrape(hub: Hub, gw: Gateway) -> tuple[bytes, str]:
     """/metrics as the ops handler renders it: the state's snapshot and the last reload's word."""
-    return hub.scrape(gw.state.snapshot(gw.config, gw.clock()), gw.config.routes, Reload(gw.reload_ok, gw.loaded_at,
-                                                                                       gw.reloads))
+    return hub.scrape(gw.state.snapshot(gw.config, gw.clock()), gw.config.routes, gw.loaded)
 
 
 async def closed_within(reader: asyncio.StreamReader, secs: float) -> tuple[bytes, float]:
