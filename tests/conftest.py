@@ -119,6 +119,7 @@ class Proxy:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.guards: list[Guard] = []  # the listener's connection guard, as `firstbyte serve` registers it
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.port = 0
@@ -126,7 +127,7 @@ class Proxy:
     async def start(self) -> Proxy:
         """Served as ``firstbyte serve`` serves: its connections kept by the listener's guard."""
         guard = Guard(self.gateway.config.connections)
-        self.gateway.guards.append(guard)
+        self.guards.append(guard)
         self.runner = GuardedRunner(build_app(self.gateway), guard, handler_cancellation=True, shutdown_timeout=1)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

@@ -224,7 +224,7 @@ async def test_clients_that_stop_reading_are_cut_at_the_send_timeout_and_free_th
         sock.close()
     assert took < 3
     await assert_the_clients_fault(p, recorder, "connections.send_timeout")
-    assert p.gateway.guards[0].closed["send_timeout"] == 2
+    assert p.guards[0].closed["send_timeout"] == 2
 
 
 @pytest.mark.timeout(20)
@@ -240,7 +240,7 @@ async def test_clients_that_stop_reading_are_cut_at_the_streams_total_deadline(u
 async def assert_the_clients_fault(p, recorder: Recorder, why: str) -> None:
     """Logged as the client's doing; the target's breaker heard nothing of it."""
     await asyncio.sleep(0.1)
-    p.gateway.notify_observers()
+    p.gateway.outbox.notify()
     streams = [f for f in recorder.finished if f.stream]  # type: ignore[attr-defined]
     assert len(streams) == 2
     for f in streams:

@@ -16,7 +16,7 @@ real requests get empty replies; and it answers its own parser's errors
 - a response the client takes nothing of for ``send_timeout`` (our socket buffer full and the
   transport's past its high-water mark: the client stopped reading) is cut: the handler is
   cancelled, its upstream call and concurrency slot freed, and the exchange logged as the
-  client's doing (:func:`client_fault`), never the target's;
+  client's doing (``relay.client_fault`` reads it), never the target's;
 - at ``max`` open connections the one idle longest between requests (a keep-alive connection
   with no request under way) is closed to make room: a client pool reconnects, and idle
   connections cannot lock new clients out;
@@ -53,7 +53,7 @@ from ..config import Connections
 from .dialect import OPENAI, error_bytes
 from .request import BodyTimeout
 
-__all__ = ["Guard", "GuardedRunner", "client_fault", "fd_budget", "raise_fd_limit"]
+__all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
 
 log = logging.getLogger("firstbyte")
 
@@ -199,12 +199,6 @@ async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
     response = web.Response(body=body, status=503, content_type=JSON, headers={"Retry-After": "1"})
     response.force_close()
     return response
-
-
-def client_fault(request: web.BaseRequest) -> str | None:
-    """Why the guard cut this request's connection, when it was the client's doing (it stopped
-    reading); None when the client simply left or the connection is not guarded."""
-    return getattr(request.protocol, "fault", None)
 
 
 class GuardedHandler(RequestHandler):

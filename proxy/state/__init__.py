@@ -134,6 +134,14 @@ class State:
             return None
         return sum(ts.history) / len(ts.history)
 
+    def recent(self, key: TargetKey, mode: str = STREAMED) -> list[float]:
+        """The target's newest first-token samples in ``mode``, oldest first (a hedge's pNN)."""
+        return self.tracker.recent(key, mode)
+
+    def hedge_budget(self, route: str) -> HedgeBudget | None:
+        """The route's hedge budget as it stands, None before its first hedged request (a read)."""
+        return self.budgets.get(route)
+
     def budget(self, route: str, share: float) -> HedgeBudget:
         budget = self.budgets.get(route)
         if budget is None:
