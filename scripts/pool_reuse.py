@@ -1,7 +1,7 @@
 """What a quiet period before reuse costs and buys (the measurement behind docs/adr/0012).
 
 Runs a loopback upstream written by hand (it echoes each request's ``n`` back, after ``--answer-ms``)
-and ``--clients`` callers that call it one after another through ``proxy.walk.http1.Pool``, once
+and ``--clients`` callers that call it one after another through ``proxy.upstream.http1.Pool``, once
 per quiet period given. With ``--stray-ms`` the upstream writes one unsolicited extra answer that
 long after each answer, as a broken or hostile upstream does. It prints, per quiet period: calls per
 second, connections the upstream accepted, answers that reached the wrong caller, and the cost of
@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.walk.connection import quiet as readiness
-from proxy.walk.http1 import Pool
+from proxy.upstream.connection import quiet as readiness
+from proxy.upstream.http1 import Pool
 
 
 def reply(n: bytes) -> bytes:

@@ -219,9 +219,9 @@ async def test_http1_does_not_send_a_request_again_that_the_upstream_was_process
     without a byte (a crash, a proxy's idle cut) also 'sent nothing back': the pool sends the
     whole POST a second time. Go's net/http, urllib3 and aiohttp replay only what was never
     written or is idempotent; firstbyte must not pay twice for one call."""
-    from proxy.walk.http1 import QUIET, Pool
+    from proxy.upstream.http1 import QUIET, Pool
 
-    from .walk.test_http1 import read_head, reply
+    from .upstream.test_http1 import read_head, reply
 
     processed: list[bytes] = []
 

@@ -16,8 +16,8 @@ from urllib.parse import quote
 import orjson
 
 from ..config import Provider, Target, path_segment_problem
+from ..translate.chat_to_anthropic import TranslationError
 from .base import PATHS, Call, UpstreamRequest
-from .chat_to_anthropic import TranslationError
 from .openai import OpenAIAdapter, upstream_body
 
 __all__ = ["AzureAdapter"]
@@ -29,7 +29,7 @@ class AzureAdapter(OpenAIAdapter):
         slash) is refused here too, whichever way it came (a pin is refused before, at planning)."""
         problem = path_segment_problem(target.model)
         if problem is not None:
-            raise TranslationError(f"the Azure deployment {target.model!r} {problem}")
+            raise TranslationError("model", f"the Azure deployment {target.model!r} {problem}")
         body = upstream_body(target, call)
         del body["model"]  # the deployment in the URL names the model
         headers = {"content-type": "application/json"}
