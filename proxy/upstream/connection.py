@@ -2,7 +2,7 @@
 
 :class:`Connection` is aiohttp's client protocol (``ResponseHandler``, its C parser) with two
 guards in front of the parser, both about what an upstream may say on a connection the pool
-shares between callers (docs/adr/0012):
+shares between callers (docs/adr/0015):
 
 - **Interim answers are bounded.** Until the final head of an answer is in, bytes reach the
   parser in slices of ``SLICE``, so one read cannot become thousands of ``103 Early Hints``
