@@ -59,6 +59,8 @@ OUTCOME_WORDS = frozenset(
         "invalid",  # a buffered 2xx that is not a JSON object
         "empty",  # a stream that ended before any content
         "malformed",
+        "interim",  # an interim flood: 1xx answers past the bound, no final one
+        "bad",  # a bad upstream status: 101, 3xx, or one HTTP does not define
         *RACE_WORDS,  # a racer's end: lost, measuring, measured, capped
     }
 )
