@@ -27,51 +27,6 @@ from .server.replies import GATEWAY
 from .walk.lease import DRAINING, Lease
 from .walk.transport import UPSTREAM_ERRORS, break_of
 
-# Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
-DROPPED = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "content-encoding",
-        "date",
-        "server",
-        "set-cookie",
-        "set-cookie2",
-        "authorization",
-        "www-authenticate",
-        "x-api-key",
-        "api-key",
-        "openai-organization",
-        "openai-project",
-        "anthropic-organization-id",
-        "x-route-decision",  # ours to write: an upstream's copy would be read as firstbyte's
-        "x-request-id",
-    }
-)
-_PLAIN_CONNECTION = frozenset({"close", "keep-alive"})
-
-
-def forward_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The upstream's headers a client may see, plus ours (``extra``), compared case-insensitively.
-
-    Headers the upstream names in ``Connection`` are hop-by-hop by its own say (RFC 9110 7.6.1)
-    and dropped too; the usual ``close`` or ``keep-alive`` costs nothing more."""
-    dropped = DROPPED
-    named = upstream.get("connection")
-    if named is not None and named.lower() not in _PLAIN_CONNECTION:
-        dropped = DROPPED | {token.strip().lower() for token in named.split(",")}
-    headers = {k: v for k, v in upstream.items() if k.lower() not in dropped}
-    headers.update(extra)
-    return headers
-
 
 class _CommitResponse(web.StreamResponse):
     """A StreamResponse whose headers leave with the first chunk, in one write.
@@ -156,11 +111,14 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
 async def _fail(request: web.Request, response: web.StreamResponse, lease: Lease, failure: str, tail: bytes,
                 meter: Meter, clock: Callable[[], float]) -> str:
     """End a broken stream: ``tail`` (the events before the translator's verdict), then the
-    translator's error event. Returns the failure scrubbed."""
+    translator's error event. Returns the failure scrubbed: an upstream's words may quote its key,
+    and ``tail`` may be its own error event (a Responses stream relayed as it is)."""
+    scrubber = request.app[GATEWAY].scrubber
     if tail:
+        tail = scrubber.bytes(tail)
         await response.write(tail)
         _sent(meter, len(tail), clock)
-    failure = request.app[GATEWAY].scrubber.text(failure)  # an upstream's words may quote its key
+    failure = scrubber.text(failure)
     meter.error = failure
     if lease.expired == DRAINING:
         message = "firstbyte is shutting down: the answer is incomplete; send the request again."

@@ -20,12 +20,13 @@ import orjson
 from aiohttp import web
 
 from ..config import Config, Route
+from ..egress import forward_headers
 from ..errors import ClientError, error_body
 from ..gateway import Gateway
 from ..observe import Finished
 from ..observe.hub import Hub
 from ..providers.usage import priced, usage_of_body
-from ..relay import forward_headers, relay_stream
+from ..relay import relay_stream
 from ..routing.decision import HEADER, Attempt, Decision, Racer, header_with
 from ..routing.plan import Ask, Refused, plan
 from ..state.tracker import BUFFERED, STREAMED
@@ -35,7 +36,7 @@ from .counting import count_tokens
 from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshaped
 from .ops import add_ops_routes, explain, health, model, models
 from .replies import GATEWAY, JSON, error_response, request_id
-from .request import check_model, estimate_tokens, parse_call, read_body
+from .request import check_model, estimate_tokens, parse_call, pin_of, read_body
 
 CLIENT_CLOSED = 499  # logged, never sent: the client closed the request before its answer started
 
@@ -123,7 +124,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ex.stream = call.stream
     ex.asked = model
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
-    ask = Ask(ex.rid, model, request.headers.get("x-route-provider"), tokens, ex.op,
+    ask = Ask(ex.rid, model, pin_of(request), tokens, ex.op,
               STREAMED if call.stream else BUFFERED)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
     decision = ex.decision = planned.decision  # what is logged if the client leaves during the walk
@@ -143,7 +144,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ex.settling = walked.settling
     header = header_with(decision, attempts, served, race)
     ex.status = walked.status
-    headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id})
+    headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id}, gw.scrubber)
     try:
         return await relay_stream(request, lease, walked.status, headers, gw.clock, ex)
     finally:  # even when the client left early
@@ -168,7 +169,8 @@ def _reply(gw: Gateway, ex: Exchange, decision: Decision, route: Route, op: str,
     ex.sent, ex.first_sent = len(walked.body), gw.clock()
     if isinstance(walked, Exhausted):
         return error_response(walked.status, walked.body, decision)
-    headers = forward_headers(walked.headers, {HEADER: decision.header(), "x-request-id": decision.id})
+    headers = forward_headers(walked.headers, {HEADER: decision.header(), "x-request-id": decision.id},
+                              gw.scrubber)
     return web.Response(body=walked.body, status=walked.status, headers=headers)
 
 
