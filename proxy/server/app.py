@@ -35,7 +35,7 @@ from ..walk.result import Answered, Committed, Exhausted, Rejected, Settling
 from .counting import count_tokens
 from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshaped
 from .ops import add_ops_routes, explain, health, model, models
-from .replies import GATEWAY, JSON, error_response, request_id
+from .replies import GATEWAY, JSON, answer_every_path, error_response, request_id
 from .request import check_model, estimate_tokens, parse_call, pin_of, read_body
 
 CLIENT_CLOSED = 499  # logged, never sent: the client closed the request before its answer started
@@ -378,7 +378,7 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     for route in app.router.routes():
         path = route.resource.canonical if route.resource is not None else ""
         known.setdefault(path, set()).add(route.method)
-    app.router.add_route("*", "/{tail:.*}", no_endpoint(gw, known))
+    answer_every_path(app, no_endpoint(gw, known))
 
     async def lifecycle(app: web.Application) -> Any:
         await gw.start()

@@ -21,7 +21,7 @@ from ..routing.score import SIGNALS, score_targets
 from ..state.budget import START
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
-from .replies import GATEWAY, HUB, error_response, json_response, request_id
+from .replies import GATEWAY, HUB, answer_every_path, error_response, json_response, request_id
 
 
 async def models(request: web.Request) -> web.Response:
@@ -212,7 +212,7 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
     add_ops_routes(app, hub)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/routes/{route}/explain", explain)
-    app.router.add_route("*", "/{tail:.*}", not_an_ops_endpoint)
+    answer_every_path(app, not_an_ops_endpoint)
     return app
 
 

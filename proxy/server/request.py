@@ -149,8 +149,9 @@ def pin_of(request: web.Request) -> str | None:
     not UTF-8 over as a surrogate, which no target name, error body or log line can carry."""
     pin = request.headers.get("x-route-provider")
     if pin is not None and _PIN.fullmatch(pin) is None:
-        raise ClientError(400, "x-route-provider must name a target of the route (letters, digits and . _ : / @ + -, "
-                          f"at most {MAX_MODEL_CHARS} characters).", code="invalid_pin", param="x-route-provider")
+        raise ClientError(400, "Invalid 'x-route-provider': it must name a target of the route (letters, digits and "
+                          f". _ : / @ + -, at most {MAX_MODEL_CHARS} characters).", code="invalid_pin",
+                          param="x-route-provider")
     return pin
 
 
