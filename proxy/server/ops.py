@@ -56,11 +56,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    return ready(request.app[GATEWAY])
+
+
+def ready(gw: Gateway, full: bool = True) -> web.Response:
+    """200 while the config is loaded and the gateway is not draining (503 then); ``full`` adds the
+    config's path and the number of routes, which a keyed main listener tells only key holders."""
     if gw.draining:
         return json_response({"status": "draining"}, status=503)
-    return json_response({"status": "ready", "config": gw.config.source,
-                          "routes": len(gw.config.routes)})
+    if not full:
+        return json_response({"status": "ready"})
+    return json_response({"status": "ready", "config": gw.config.source, "routes": len(gw.config.routes)})
 
 
 def _figures(figures: TargetFigures) -> dict[str, Any]:
