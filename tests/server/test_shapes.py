@@ -150,6 +150,17 @@ async def test_the_named_malformed_bodies_are_400s_naming_the_field(shipped, cap
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    pytest.param("/v1/completions", {"prompt": "hi", "messages": True, "tools": 1}, id="completions-with-messages"),
+    pytest.param("/v1/embeddings", {"input": "hi", "messages": 1, "stream_options": []}, id="embeddings-with-messages"),
+])
+async def test_a_field_another_endpoint_defines_is_not_read_here(shipped, caplog, path, body):
+    """The simulator read ``messages`` on any body (a 500 for ``messages: true`` on completions)."""
+    status, _, answer = await raw_post(shipped.port, path, orjson.dumps({"model": "chat", **body}), {})
+    assert status == 200, answer
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
 @pytest.fixture
 async def every_kind(upstreams):
     up = await upstreams(AnyApi.handlers())
