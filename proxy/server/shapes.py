@@ -121,9 +121,16 @@ class Obj(Shape):
                 exc = WrongShape(self.fields[key].says, value.get(key), missing=key not in value)
                 exc.path.append(key)
                 raise exc
-        for key, shape in self.fields.items():
-            field = value.get(key)
-            if field is None:
+        fields = self.fields
+        for key, field in value.items():  # the body's keys, usually fewer than the table's
+            shape = fields.get(key)
+            if shape is None or field is None:
+                continue
+            if type(shape) is Shape:  # a leaf: no call
+                if type(field) not in shape.types:
+                    exc = WrongShape(shape.says, field)
+                    exc.path.append(key)
+                    raise exc
                 continue
             try:
                 shape.check(field)
