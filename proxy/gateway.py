@@ -91,9 +91,9 @@ class Gateway:
         # No cookie jar, no redirects, no User-Agent: one pool serves every client, and an
         # upstream's Set-Cookie for one client's call must never ride along on another's.
         self.pool = Pool()
-        http = HttpTransport(self.pool, self.scrubber)
+        http = HttpTransport(self.pool)
         self.walker = Walker(self.state, transports(http), clock=self.clock, deadlines=self.deadlines,
-                             limiters=self.limiters)
+                             limiters=self.limiters, scrubber=self.scrubber)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         # Measured cost per call for the score strategy, from whatever ledger the config names now.
         self.costs = CostRefresher(lambda: self.config.ledger.path, self.state)

@@ -34,8 +34,8 @@ async def raw_headers(p, body: dict[str, object]) -> tuple[int, list[tuple[str, 
 def forging(stream: bool = False):
     async def handle(request: web.Request) -> web.StreamResponse:
         headers = {"X-Route-Decision": "id=forged; route=chat; strategy=ordered; order=evil(written); served=evil",
-                   "X-REQUEST-ID": "forged", "Connection": "keep-alive, X-Hop", "X-Hop": "secret-hop",
-                   "X-Kept": "yes"}
+                   "X-REQUEST-ID": "forged", "Connection": "keep-alive, X-RateLimit-Hop", "X-RateLimit-Hop": "hop",
+                   "X-Not-Listed": "dropped", "X-RateLimit-Remaining-Requests": "99"}
         if not (await request.json()).get("stream"):
             return web.json_response(chat_body(), headers=headers)
         response = web.StreamResponse(headers={"content-type": "text/event-stream", **headers})
@@ -58,8 +58,10 @@ async def test_upstream_copies_of_our_headers_and_its_hop_headers_are_dropped(up
     values = dict((k.lower(), v) for k, v in headers)
     decision = parse_header(values["x-route-decision"])
     assert decision.served == "up" and decision.id == values["x-request-id"] != "forged"
-    assert "x-hop" not in names
-    assert values["x-kept"] == "yes"
+    assert "x-ratelimit-hop" not in names  # on the list, but hop-by-hop by the upstream's own say
+    assert "x-not-listed" not in names  # not on the list (proxy/egress.py)
+    assert values["x-ratelimit-remaining-requests"] == "99"
+    assert values["x-upstream-request-id"] == "forged"  # the provider's id, under a name of its own
 
 
 async def test_one_clients_upstream_cookie_never_rides_on_anothers_request(upstreams, proxy):

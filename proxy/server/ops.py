@@ -21,7 +21,7 @@ from ..routing.score import SIGNALS, score_targets
 from ..state.budget import START
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
-from .replies import GATEWAY, HUB, error_response, json_response, request_id
+from .replies import GATEWAY, HUB, answer_every_path, error_response, json_response, request_id
 
 
 async def models(request: web.Request) -> web.Response:
@@ -56,11 +56,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    return ready(request.app[GATEWAY])
+
+
+def ready(gw: Gateway, full: bool = True) -> web.Response:
+    """200 while the config is loaded and the gateway is not draining (503 then); ``full`` adds the
+    config's path and the number of routes, which a keyed main listener tells only key holders."""
     if gw.draining:
         return json_response({"status": "draining"}, status=503)
-    return json_response({"status": "ready", "config": gw.config.source,
-                          "routes": len(gw.config.routes)})
+    if not full:
+        return json_response({"status": "ready"})
+    return json_response({"status": "ready", "config": gw.config.source, "routes": len(gw.config.routes)})
 
 
 def _figures(figures: TargetFigures) -> dict[str, Any]:
@@ -225,7 +231,7 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
         add_status_routes(app, main=False)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/routes/{route}/explain", explain)
-    app.router.add_route("*", "/{tail:.*}", not_an_ops_endpoint)
+    answer_every_path(app, not_an_ops_endpoint)
     return app
 
 
