@@ -78,7 +78,10 @@ def _load(args: argparse.Namespace) -> Config | None:
         return load_config(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return None
+    except Exception as exc:  # a bug in reading the file: still one line naming the file, never a traceback
+        print(f"{args.config}: could not be read: {type(exc).__name__}: {exc} (a firstbyte bug: "
+              "please report it with the file)", file=sys.stderr)
+    return None
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -17,7 +17,8 @@ from proxy.config import Price
 from proxy.observe.accesslog import AccessLog
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
-from proxy.providers.usage import cost_of, usage_of_body
+from proxy.routing.cost import cost_of
+from proxy.translate.usage import usage_of_body
 
 from .anthropic_fakes import USAGE_IN, USAGE_OUT, anthropic_provider, messages_handler
 from .conftest import chunk_event, decision_of, ok_handler, openai_provider, sse
@@ -212,7 +213,7 @@ def _sse(obj: object, sep: bytes = b"\n\n") -> bytes:
 @pytest.mark.parametrize("sep", [pytest.param(b"\n\n", id="lf"), pytest.param(b"\r\n\r\n", id="crlf")])
 @pytest.mark.parametrize("keep", [pytest.param(False, id="client-did-not-ask"), pytest.param(True, id="client-asked")])
 def test_tap_counts_and_drops_only_the_usage_chunk_of_a_whole_stream_in_one_read(sep: bytes, keep: bool) -> None:
-    from proxy.providers.usage_taps import OpenAIUsageTap
+    from proxy.translate.usage_taps import OpenAIUsageTap
 
     chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None}
     finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None}

@@ -76,7 +76,7 @@ _COOLDOWN: dict[str, Spec] = {"failures": Num(low=1, integer=True), "secs": Num(
 _SCORE: dict[str, Spec] = {k: Num(low=0) for k in ("speed", "cost", "health", "quality")}
 _CONNECTIONS: dict[str, Spec] = {
     "max": Num(low=1, integer=True), "header_timeout": Num(low=0.01), "body_timeout": Num(low=0.01),
-    "keepalive_timeout": Num(low=0.01),
+    "keepalive_timeout": Num(low=0.01), "send_timeout": Num(low=0.01),
 }
 _ACCESS_LOG: dict[str, Spec] = {"format": Text(("text", "json")), "path": Text()}
 _LEDGER: dict[str, Spec] = {"path": Text(), "retention_days": Num(low=0.001), "queue": Num(low=1, integer=True)}
@@ -131,10 +131,8 @@ def _base_url(r: Reader, data: dict[str, Any], path: str, kind: str) -> str:
     base_url = r.string(data, "base_url", path, default(Provider, "base_url"))
     if kind != "simulated" and not base_url:
         r.problem(f"{path}.base_url", f"required for kind {kind}")
-    elif base_url:
-        problem = _url_problem(base_url)
-        if problem:
-            r.problem(f"{path}.base_url", f"{problem}, got {show(base_url)}")
+    elif base_url and (problem := _url_problem(base_url)):
+        r.problem(f"{path}.base_url", f"{problem}, got {show(base_url)}")
     return (base_url or "").rstrip("/")
 
 
@@ -313,7 +311,8 @@ def _url_problem(url: str) -> str | None:
 
 def _named(r: Reader, data: dict[str, Any], key: str, what: str) -> dict[str, Any]:
     """``providers`` or ``routes``: a mapping by name, at least one."""
-    raw = r.mapping(data.get(key), key, tuple(data.get(key) or ()))
+    value = data.get(key)
+    raw = r.mapping(value, key, tuple(value) if isinstance(value, dict) else ())  # any name; not a list
     if not raw:
         r.problem(key, f"required: at least one {what}")
     return raw

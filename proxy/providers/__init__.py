@@ -1,14 +1,17 @@
-"""Provider adapters, by kind: the only code that knows a provider's wire format."""
+"""Provider adapters, by kind: the only code that knows a provider's wire format, and the registry of kinds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..upstream.transport import Transport
 from .anthropic import AnthropicAdapter
 from .azure import AzureAdapter
 from .base import Adapter, Call, UpstreamRequest
 from .messages_via_chat import ReverseMessages
 from .openai import OpenAIAdapter
 from .responses_via_chat import PassthroughResponses, TranslatedResponses
-from .simulated import SimulatedAdapter
+from .simulated import SimTransport, SimulatedAdapter
 
 ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAIAdapter(),
@@ -29,6 +32,14 @@ _RESPONSES: dict[str, Adapter] = {
 }
 _PASSTHROUGH_RESPONSES = PassthroughResponses()
 
+# Kinds served in this process rather than over HTTP bring their own transport, one per gateway.
+IN_PROCESS: dict[str, Callable[[], Transport]] = {"simulated": SimTransport}
+
+
+def transports(http: Transport) -> dict[str, Transport]:
+    """The transport for each provider kind: ``http`` for all but those served in process."""
+    return {kind: IN_PROCESS[kind]() if kind in IN_PROCESS else http for kind in ADAPTERS}
+
 
 def adapter_for(kind: str, op: str, responses: bool = False) -> Adapter:
     """The adapter for a provider kind and the client's operation; ``responses`` is the
@@ -40,4 +51,4 @@ def adapter_for(kind: str, op: str, responses: bool = False) -> Adapter:
     return ADAPTERS[kind]
 
 
-__all__ = ["ADAPTERS", "Adapter", "Call", "UpstreamRequest", "adapter_for"]
+__all__ = ["ADAPTERS", "Adapter", "Call", "UpstreamRequest", "adapter_for", "transports"]

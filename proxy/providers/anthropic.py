@@ -18,16 +18,16 @@ import time
 import orjson
 
 from ..config import Provider, Target
-from .anthropic_to_chat import (
+from ..translate.anthropic_to_chat import (
     AnthropicStreamToOpenAI,
     anthropic_error_to_openai,
     anthropic_to_openai_response,
     is_anthropic_context_overflow,
 )
+from ..translate.chat_to_anthropic import TranslationError, json_tool_of, openai_to_anthropic_request
+from ..translate.first_token import AnthropicFirstToken, FirstToken
+from ..translate.usage_taps import AnthropicUsageTap
 from .base import Call, StreamTranslator, UpstreamRequest
-from .chat_to_anthropic import TranslationError, json_tool_of, openai_to_anthropic_request
-from .first_token import AnthropicFirstToken, FirstToken
-from .usage_taps import AnthropicUsageTap
 
 __all__ = ["AnthropicAdapter"]
 

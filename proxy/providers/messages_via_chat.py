@@ -16,11 +16,11 @@ from dataclasses import replace
 import orjson
 
 from ..config import Provider, Target
+from ..translate.chat_to_messages import OpenAIStreamToAnthropic, openai_to_anthropic_response
+from ..translate.chat_to_messages import error_event as anthropic_error_event
+from ..translate.first_token import FirstToken
+from ..translate.messages_to_chat import anthropic_to_openai_request
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
-from .chat_to_messages import OpenAIStreamToAnthropic, openai_to_anthropic_response
-from .chat_to_messages import error_event as anthropic_error_event
-from .first_token import FirstToken
-from .messages_to_chat import anthropic_to_openai_request
 
 __all__ = ["ReverseMessages"]
 

@@ -20,14 +20,14 @@ import orjson
 
 from ..config import Provider, Target
 from ..errors import StreamError
+from ..translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
+from ..translate.first_token import FirstToken, ResponsesFirstToken
+from ..translate.responses_to_chat import responses_to_chat
+from ..translate.sse import event_frame
+from ..translate.usage import usage_from_responses
+from ..translate.usage_taps import _Framer
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
-from .chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
-from .first_token import FirstToken, ResponsesFirstToken
 from .openai import OpenAIAdapter
-from .responses_to_chat import responses_to_chat
-from .sse import event_frame
-from .usage import usage_from_responses
-from .usage_taps import _Framer
 
 __all__ = ["PassthroughResponses", "ResponsesUsageTap", "TranslatedResponses"]
 

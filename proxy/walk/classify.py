@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import orjson
 
 from ..errors import StreamTooLarge
-from ..providers.first_token import Ended, UpstreamError
 from ..state.breaker import MAX_COOLDOWN
+from ..translate.first_token import Ended, UpstreamError
+from ..upstream.transport import BodyTooLarge, failure_of
 from .limiter import Busy
-from .transport import BodyTooLarge, failure_of
 
 
 @dataclass(frozen=True, slots=True)

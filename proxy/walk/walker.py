@@ -3,9 +3,10 @@
 Each attempt is three steps. *Admit*: the breaker's word (a target that opened since the
 plan is skipped) and a :class:`~proxy.walk.slot.Slot`. *Send*: take the slot under the
 provider's limit, send through the provider kind's transport, and read up to the commit
-point, the first token of a 2xx answer (``providers/first_token.py``). *Settle*: classify
+point, the first token of a 2xx answer (``translate/first_token.py``). *Settle*: classify
 what came back by the one rule in ``classify.py`` and tell the state through its named
-methods (``State.first_token``, ``failed``, ``cool``: the one door, docs/adr/0012). Before the commit every failure, an error event inside a 200 included,
+methods (``State.first_token``, ``failed``, ``cool``: the one door, docs/adr/0012). Before the
+commit every failure, an error event inside a 200 included,
 may move on; after it the walker hands the open call (a :class:`~proxy.walk.lease.Lease`)
 to the relay. The slot goes back when the attempt ends, or with the lease.
 """
@@ -22,12 +23,13 @@ from ..config import Provider, Route, Target
 from ..errors import error_body
 from ..providers import Adapter, Call, adapter_for
 from ..providers.base import UpstreamRequest
-from ..providers.chat_to_anthropic import TranslationError
-from ..providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
 from ..routing.decision import Attempt
 from ..state import State, TargetState
 from ..state.breaker import PROBE, WAIT
 from ..state.tracker import BUFFERED, STREAMED
+from ..translate.chat_to_anthropic import TranslationError
+from ..translate.first_token import Ended, FirstToken, UpstreamError, error_in_body
+from ..upstream.transport import Transport, Upstream
 from .classify import (
     BUSY,
     INVALID_BODY,
@@ -43,7 +45,6 @@ from .lease import Background, Lease
 from .limiter import Limiters
 from .result import JSON_HEADERS, Trail, Walked
 from .slot import Slot
-from .transport import Transport, Upstream
 
 __all__ = ["Walker"]
 

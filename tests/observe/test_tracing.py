@@ -21,8 +21,15 @@ from proxy.gateway import Gateway
 from proxy.observe.hub import Hub
 from proxy.server.app import build_app
 from proxy.traceparent import parse_traceparent
-from tests.conftest import FakeUpstream, make_config, ok_handler, openai_provider, route_config, serve_on_loopback, \
-    status_handler
+from tests.conftest import (
+    FakeUpstream,
+    make_config,
+    ok_handler,
+    openai_provider,
+    route_config,
+    serve_on_loopback,
+    status_handler,
+)
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

@@ -12,9 +12,8 @@ from typing import Any
 import orjson
 
 from ..errors import StreamError, error_body, error_type
-from .base import openai_error_event
 from .chat_to_anthropic import tool_call_of
-from .sse import DONE, SseDecoder, data_frame
+from .sse import DONE, SseDecoder, data_frame, openai_error_event
 from .tokens import says_context_overflow, token_count
 from .usage import usage_from_anthropic
 

@@ -21,11 +21,10 @@ from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamTooLarge
 from ..memory import trim
 from .anthropic_to_chat import AnthropicStreamError
-from .base import openai_error_event
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import error_of
-from .sse import data_frame
+from .sse import data_frame, openai_error_event
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 

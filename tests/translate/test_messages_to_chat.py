@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from proxy.providers.chat_to_anthropic import TranslationError
-from proxy.providers.messages_to_chat import anthropic_to_openai_request
+from proxy.translate.chat_to_anthropic import TranslationError
+from proxy.translate.messages_to_chat import anthropic_to_openai_request
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 WEATHER_TOOL = {

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from proxy.providers.chat_to_anthropic import TranslationError, openai_to_anthropic_request
+from proxy.translate.chat_to_anthropic import TranslationError, openai_to_anthropic_request
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 
