@@ -96,7 +96,10 @@ class Hub:
     def scrape(self, gateway: Gateway) -> tuple[bytes, str]:
         """Render /metrics after copying the state's snapshot into its gauges."""
         seen: set[str] = set()
+        healthy = dict.fromkeys(gateway.config.routes, 0)  # per route: breaker closed, no Retry-After cooling
         for figures in gateway.state.snapshot(gateway.config, gateway.clock()):
+            if figures.health.state == "closed" and figures.health.cooling <= 0:
+                healthy[figures.route] = healthy.get(figures.route, 0) + 1
             name = figures.target.name
             if name in seen:  # a target two routes share is one series, as its first route sees it
                 continue
@@ -104,6 +107,8 @@ class Hub:
             for mode, series in figures.modes.items():
                 self.metrics.set_figure(name, series.figure, mode)
             self.metrics.set_target_state(name, figures.health.state, figures.in_flight)
+        for route, count in healthy.items():
+            self.metrics.set_route_healthy(route, count)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
         self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at, gateway.reloads)
@@ -126,3 +131,4 @@ def _traces(config: Config) -> Traces | None:
     from .tracing import Traces
 
     return Traces(config.tracing, config)
+

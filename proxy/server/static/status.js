@@ -26,7 +26,7 @@
 
   // A target's hour: one point a minute for its mean first-token time, a red bar per minute with failures.
   function chart(points, now, bucket) {
-    const w = 240, h = 44, span = 60 * bucket, start = now - span;
+    const w = 236, h = 44, span = 60 * bucket, start = now - span;
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
     svg.setAttribute("class", "chart");
@@ -47,9 +47,15 @@
         bar.setAttribute("y", h - bh); bar.setAttribute("height", bh);
         svg.appendChild(bar);
       }
-      if (p.ttft_s !== null) line.push(`${x(p.t).toFixed(1)},${(h - 3 - (p.ttft_s / top) * (h - 8)).toFixed(1)}`);
+      if (p.ttft_s !== null) {
+        const px = x(p.t), py = h - 4 - (p.ttft_s / top) * (h - 10);
+        line.push(`${px.toFixed(1)},${py.toFixed(1)}`);
+        const dot = document.createElementNS(SVG, "circle");
+        dot.setAttribute("class", "dot");
+        dot.setAttribute("cx", px.toFixed(1)); dot.setAttribute("cy", py.toFixed(1)); dot.setAttribute("r", 2);
+        svg.appendChild(dot);
+      }
     }
-    if (line.length === 1) line.push(line[0].replace(/^([\d.]+)/, (m) => String(Math.max(0, parseFloat(m) - 3))));
     if (line.length) {
       const poly = document.createElementNS(SVG, "polyline");
       poly.setAttribute("class", "ttft");
