@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .config import KINDS, Config
+from .fleet import FleetLink
 from .observe import Finished, Observer
 from .observe.ledger_read import measured_costs
 from .scrub import Scrubber
@@ -75,6 +76,7 @@ class Gateway:
         self.costs: CostRefresher | None = None
         self.guards: list[Guard] = []  # the listeners' connection guards, for /metrics
         self.scrubber = Scrubber()  # every key of every config applied: scrubbed from upstream text
+        self.fleet: FleetLink | None = None  # with state.redis: the link to the other instances
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -105,6 +107,8 @@ class Gateway:
         self.rngs = rngs
         self.config = config
         self.loaded_at = time.time()
+        if self.fleet is not None:
+            self.fleet.configure(config)
 
     def rng(self, route: str) -> random.Random:
         return self.rngs.get(route) or self._shared_rng
@@ -121,6 +125,10 @@ class Gateway:
         # Measured cost per call for the score strategy, from whatever ledger the config names now.
         self.costs = CostRefresher(lambda: self.config.ledger.path, self.state)
         self.costs.start()
+        if self.config.state.redis is not None:  # warm start: the fleet's figures before we say ready
+            self.fleet = FleetLink(self.config.state, self.state, self.clock)
+            self.fleet.configure(self.config)
+            await self.fleet.start()
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -129,6 +137,8 @@ class Gateway:
             self.walker.close()
         if self.costs is not None:
             await self.costs.close()
+        if self.fleet is not None:
+            await self.fleet.close()
         self.notify_observers()  # what finished during the drain reaches the observers; their owner closes them
         if self.pool is not None:
             self.pool.close()

@@ -78,7 +78,7 @@ class Service:
                 old = self.gateway.config
                 fixed = {"listen": (config.listen, old.listen), "ops_listen": (config.ops_listen, old.ops_listen),
                          "shutdown_grace": (config.shutdown_grace, old.shutdown_grace),
-                         "connections": (config.connections, old.connections)}
+                         "connections": (config.connections, old.connections), "state": (config.state, old.state)}
                 for key, (new, was) in fixed.items():
                     if new != was:
                         log.warning("%s changed: takes effect on restart", key)

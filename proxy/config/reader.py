@@ -42,6 +42,7 @@ from .model import (
     Target,
     Timeouts,
 )
+from .state_link import read_state
 
 __all__ = ["load_config", "parse_config"]
 
@@ -86,7 +87,7 @@ _TARGET_KEYS = ("provider", "model", "name", "retry", "weight", "quality", "cont
 _ROUTE_KEYS = ("strategy", "targets", "fastest", "allow", "deny", "min_context_window", "min_quality",
                "cooldown", "score", "hedge")
 _TOP_KEYS = ("listen", "ops_listen", "clients", "access_log", "ledger", "providers", "routes", "max_body_bytes",
-             "shutdown_grace", "connections")
+             "shutdown_grace", "connections", "state")
 
 
 def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provider | None:
@@ -367,8 +368,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
     adata = r.mapping(data.get("access_log"), "access_log", tuple(_ACCESS_LOG))
     ldata = r.mapping(data.get("ledger"), "ledger", tuple(_LEDGER))
     config = Config(
-        listen=listen,
-        ops_listen=ops_listen,
+        listen=listen, ops_listen=ops_listen,
         providers=providers,
         routes=routes,
         clients=clients,
@@ -378,7 +378,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
                                 integer=True),
         shutdown_grace=r.number(data, "shutdown_grace", "(top)", default(Config, "shutdown_grace"), low=0),
         connections=section(r, Connections, data.get("connections"), "connections", _CONNECTIONS),
-        source=source,
+        state=read_state(r, data.get("state"), env), source=source,
     )
     if problems:
         raise ConfigError(source, problems)

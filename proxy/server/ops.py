@@ -95,8 +95,19 @@ async def health(request: web.Request) -> web.Response:
             # seconds the load fit moves the streamed figure by now (0 when it is off): the planner's
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
+            **_fleet_in_flight(gw, target.key),
         })
-    return json_response({"targets": out})
+    return json_response({"fleet": _fleet(gw), "targets": out})
+
+
+def _fleet(gw: Gateway) -> dict[str, Any]:
+    """In the fleet or alone, and since when (``off`` without ``state.redis``)."""
+    return {"state": "off"} if gw.fleet is None else gw.fleet.status()
+
+
+def _fleet_in_flight(gw: Gateway, key: Any) -> dict[str, int]:
+    """The other instances' calls in flight at the target, as they last said (in a fleet only)."""
+    return {} if gw.fleet is None else {"fleet_in_flight": gw.fleet.fleet_in_flight(key)}
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -143,6 +154,7 @@ async def explain(request: web.Request) -> web.Response:
         "route": name,
         "strategy": route.strategy,
         "mode": mode,
+        "fleet": _fleet(gw),
         **({"cost_basis": basis} if basis else {}),
         **({"hedge": _hedge(gw, route, planned.targets, planned.together, mode)} if route.hedge is not None else {}),
         "order": order,
