@@ -202,7 +202,7 @@ class Ledger:
 
 @dataclass(frozen=True, slots=True)
 class StateLink:
-    """``state:``: where the fleet's instances share what they learn (docs/adr/0012). No ``redis``:
+    """``state:``: where the fleet's instances share what they learn (docs/adr/0016). No ``redis``:
     one process keeps everything in memory. The password comes from ``password_env``, never the file."""
 
     redis: str | None = None  # redis://HOST:PORT/DB or rediss:// (TLS)

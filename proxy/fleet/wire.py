@@ -4,7 +4,7 @@ A target is named fleet-wide by what it is, not by a file's local name: its prov
 and the upstream model (``fleet_id``), so two instances whose files name the same upstream
 differently share what they learn of it. Times travel as wall-clock seconds (``time.time()``),
 never a process's monotonic clock: a receiver turns them back into its own clock, so a skew
-between two boxes shifts a deadline by that skew (docs/adr/0012).
+between two boxes shifts a deadline by that skew (docs/adr/0016).
 
 A batch is one stream entry: ``{"i": instance, "e": JSON list of events}``. Events carry names,
 figures and times only: never a prompt, an answer or a key.

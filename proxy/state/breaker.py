@@ -5,7 +5,7 @@ failover-safe failures open it; after the cooldown one probe is let through; a
 failed probe doubles the cooldown (up to 300 s); a success closes it. A 429's
 Retry-After cools the target down for the hinted time without opening it.
 
-In a fleet (docs/adr/0012) the breaker is ``gated``: its half-open probe is the fleet's one, so
+In a fleet (docs/adr/0016) the breaker is ``gated``: its half-open probe is the fleet's one, so
 it is let through only once the fleet link has ``claimed`` it in Redis; until then the target
 reads as probing (another instance may be probing it). Failures and openings heard from other
 instances fold in with ``heard_failure`` and ``heard_open``.
