@@ -10,8 +10,8 @@ the end of a committed stream. A second call is a no-op, so no path can give twi
 from __future__ import annotations
 
 from ..state import State, TargetState
+from ..upstream.transport import Upstream
 from .limiter import Limiter
-from .transport import Upstream
 
 __all__ = ["Reservation", "Slot"]
 

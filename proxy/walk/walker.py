@@ -3,12 +3,12 @@
 Each attempt is three steps. *Admit*: the breaker's word (a target that opened since the
 plan is skipped) and a :class:`~proxy.walk.slot.Slot`. *Send*: take the slot under the
 provider's limit, send through the provider kind's transport, and read up to the commit
-point, the first token of a 2xx answer (``providers/first_token.py``). *Settle*: classify
+point, the first token of a 2xx answer (``translate/first_token.py``). *Settle*: classify
 what came back by the one rule in ``classify.py`` and tell the state through its named
-methods (``State.first_token``, ``failed``, ``cool``: the one door). Before the commit
-every failure, an error event inside a 200 included, may move on; after it the walker hands
-the open call (a :class:`~proxy.walk.lease.Lease`) to the relay. The slot goes back when the
-attempt ends, or with the lease.
+methods (``State.first_token``, ``failed``, ``cool``: the one door, docs/adr/0012). Before the
+commit every failure, an error event inside a 200 included,
+may move on; after it the walker hands the open call (a :class:`~proxy.walk.lease.Lease`)
+to the relay. The slot goes back when the attempt ends, or with the lease.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from ..config import Provider, Route, Target
 from ..errors import error_body
 from ..providers import Adapter, Call, adapter_for
 from ..providers.base import UpstreamRequest
-from ..providers.chat_to_anthropic import TranslationError
-from ..providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
 from ..routing.decision import Attempt
 from ..state import State, TargetState
 from ..state.breaker import PROBE, WAIT
 from ..state.tracker import BUFFERED, STREAMED
+from ..translate.chat_to_anthropic import TranslationError
+from ..translate.first_token import Ended, FirstToken, UpstreamError, error_in_body
+from ..upstream.transport import Transport, Upstream
 from .classify import (
     BUSY,
     INVALID_BODY,
@@ -44,7 +45,6 @@ from .lease import Background, Lease
 from .limiter import Limiters
 from .result import JSON_HEADERS, Trail, Walked
 from .slot import Slot
-from .transport import Transport, Upstream
 
 __all__ = ["Walker"]
 
@@ -155,8 +155,9 @@ class Walker:
         except TranslationError as exc:
             # The request, not the provider, is the cause: move on without counting against it.
             # When no later target answers, the client gets this 400 and its reason.
+            # The message is the client's to act on: the target's name is in x-route-decision.
             trail.ended(Attempt(target.name, UNTRANSLATABLE.word, 0.0), UNTRANSLATABLE, 400, JSON_HEADERS,
-                        error_body(f"{target.name}: {exc}", "invalid_request_error", code="untranslatable"))
+                        error_body(exc.message, "invalid_request_error", code="untranslatable", param=exc.param))
             return False
         aim = _Aim(route, target, provider, adapter, call, request, self.transports[provider.kind], rescue)
         for n in range(target.retry + 1):
@@ -188,10 +189,11 @@ class Walker:
         The send step runs inline, not in a coroutine of its own: every resume of the request's
         task passes through each frame of its await chain, and one more measured (callgrind)."""
         started = self.clock()
+        provider, call = aim.provider, aim.call
+        request = aim.request if call.trace is None else call.trace.attempt(aim.target.name, started, aim.request)
         slot = self._admit(trail, aim, started)
         if slot is None:
             return SKIPPED
-        provider, call = aim.provider, aim.call
         task = asyncio.current_task()
         assert task is not None
         waiting = _Waiting(task, started, provider.timeouts.first_chunk)
@@ -203,7 +205,7 @@ class Walker:
                 try:
                     if slot.limiter is not None:
                         await slot.queue()  # and counts in flight; without a limit, the slot did
-                    upstream = slot.upstream = await aim.transport.send(provider, aim.request)
+                    upstream = slot.upstream = await aim.transport.send(provider, request)
                     if not 200 <= upstream.status < 300:
                         first, failure = await upstream.read(MAX_ERROR_BODY), None
                     elif call.stream:
@@ -295,7 +297,8 @@ class Walker:
         adapter, upstream = aim.adapter, slot.upstream
         assert upstream is not None
         status = upstream.status
-        outcome = classify_status(status, upstream.headers, adapter.is_context_overflow(status, body))
+        outcome = classify_status(status, upstream.headers, adapter.is_context_overflow(status, body),
+                                  aim.route.fail_over_on)
         if not outcome.failover:
             # The body goes back in the client's JSON shape, whatever the upstream sent (a proxy's
             # text/plain 413): its other headers go along, its content type does not.
@@ -304,7 +307,9 @@ class Walker:
             trail.ended(Attempt(aim.target.name, outcome.word, now - started), outcome, status, headers,
                         adapter.client_error(aim.call, status, body))
             return None
-        self._failed(trail, aim, slot.ts, outcome, started, adapter.error_body(status, body))
+        # A status the outcome changes (a provider's 401 is the client's 502) gets the outcome's message.
+        self._failed(trail, aim, slot.ts, outcome, started,
+                     adapter.error_body(status, body) if outcome.status == status else None)
         slot.heard = True
         return outcome
 

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from proxy.config import Cooldown, Target
-from proxy.providers.usage_taps import OpenAIUsageTap
 from proxy.sim.transport import SimUpstream
 from proxy.state import State, TargetState
+from proxy.translate.usage_taps import OpenAIUsageTap
 from proxy.walk.deadlines import Deadlines
 from proxy.walk.lease import Background, Lease
 from proxy.walk.limiter import Limiter
