@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -52,11 +53,26 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
 NOT_YET = "not connected yet"
 
 
+_NAMES: dict[int, str] = {}  # pid -> this process's name (a forked worker gets its own)
+_LINKS = itertools.count()
+
+
 def instance_name() -> str:
-    """Who this gateway is in the fleet: host, pid and a few random digits, new at each start (a
-    restart is another instance: it folds in what its previous life published). ``FIRSTBYTE_INSTANCE``
-    overrides the host-pid part."""
-    return f"{os.environ.get('FIRSTBYTE_INSTANCE') or f'{socket.gethostname()}-{os.getpid()}'}-{os.urandom(2).hex()}"
+    """Who this process is in the fleet, in its log lines and its ledger rows: host and pid (or
+    ``FIRSTBYTE_INSTANCE``, a pod's name) and a few random digits, new at each start (a restart is
+    another instance: it folds in what its previous life published)."""
+    pid = os.getpid()
+    name = _NAMES.get(pid)
+    if name is None:
+        base = os.environ.get("FIRSTBYTE_INSTANCE") or f"{socket.gethostname()}-{pid}"
+        name = _NAMES[pid] = f"{base}-{os.urandom(2).hex()}"
+    return name
+
+
+def _link_name() -> str:
+    """The process's name for its first link; a second gateway in one process (tests) is another."""
+    n = next(_LINKS)
+    return instance_name() if n == 0 else f"{instance_name()}-{n}"
 
 
 class FleetLink:
@@ -66,7 +82,7 @@ class FleetLink:
         self.settings = settings
         self.state = state
         self.clock = clock
-        self.instance = instance or instance_name()
+        self.instance = instance or _link_name()
         self.stream = stream_key(settings.fleet)
         self.outbox: deque[tuple[tuple[Any, ...], float]] = deque()
         self.fid_of: dict[TargetKey, str] = {}

@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..config import Config
+from ..fleet import instance_name
 from . import Observer
 from .accesslog import AccessLog
 from .history import History
@@ -29,13 +30,17 @@ log = logging.getLogger("firstbyte")
 class Hub:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.access_log = AccessLog(config.access_log)
+        # In a fleet each log line and ledger row says which instance served (fixed until restart,
+        # like state.redis itself).
+        self.instance = instance_name() if config.state.redis else None
+        self.access_log = AccessLog(config.access_log, instance=self.instance)
         self.metrics = Metrics.from_config(config)
         self.history = History(config)
         self.traces = _traces(config)
         self.ledger: Ledger | None = None
         if config.ledger.path:
-            self.ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
+            self.ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue,
+                                 instance=self.instance or "")
 
     @property
     def observers(self) -> list[Observer]:
@@ -70,7 +75,7 @@ class Hub:
             self.traces.reconfigure(config)  # the targets' models and providers, for attempt spans
         if config.access_log != old.access_log:
             retired.append(self.access_log)
-            self.access_log = AccessLog(config.access_log)
+            self.access_log = AccessLog(config.access_log, instance=self.instance)
         else:
             self.access_log.reopen()  # after logrotate, SIGHUP reopens the file
         if config.ledger != old.ledger:
@@ -78,7 +83,8 @@ class Hub:
                 retired.append(self.ledger)
             self.ledger = None
             if config.ledger.path:
-                ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
+                ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue,
+                                instance=self.instance or "")
                 try:
                     await ledger.start()
                 except Exception as exc:
@@ -112,6 +118,9 @@ class Hub:
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
         self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at, gateway.reloads)
+        link = gateway.fleet
+        if link is not None:
+            self.metrics.set_fleet(link.connected, link.events_out, link.events_in, link.drops, link.lag)
         for guard in gateway.guards:
             self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()

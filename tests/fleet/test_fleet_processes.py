@@ -36,7 +36,9 @@ class Instance:
         self.url = f"http://127.0.0.1:{self.port}"
         self.dir = tmp / uuid.uuid4().hex[:6]
         self.dir.mkdir()
-        (self.dir / "routes.json").write_bytes(orjson.dumps({**config, "listen": f"127.0.0.1:{self.port}"}))
+        self.access_log = self.dir / "access.log"
+        (self.dir / "routes.json").write_bytes(orjson.dumps({**config, "listen": f"127.0.0.1:{self.port}",
+                                                             "access_log": {"path": str(self.access_log)}}))
         self.log = self.dir / "firstbyte.log"
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
@@ -56,6 +58,10 @@ class Instance:
                 assert self.proc.poll() is None, self.log.read_text()
                 await asyncio.sleep(0.025)
         raise AssertionError("firstbyte never became ready")
+
+    async def metrics(self, session: aiohttp.ClientSession) -> str:
+        async with session.get(self.url + "/metrics") as resp:
+            return await resp.text()
 
     async def health(self, session: aiohttp.ClientSession) -> dict[str, Any]:
         async with session.get(self.url + "/v1/health") as resp:
@@ -164,7 +170,13 @@ async def test_a_restarted_instance_starts_warm(redis_server, upstreams, instanc
         for _ in range(3):
             assert await call(session, first) == 200
         await asyncio.sleep(0.1)
+        metrics = await first.metrics(session)
+        name = (await first.health(session))["fleet"]["instance"]
         first.stop()
+        sent = next(ln for ln in metrics.splitlines() if ln.startswith('firstbyte_fleet_events_total{direction="out"}'))
+        assert "firstbyte_fleet_connected 1" in metrics and float(sent.split()[-1]) >= 3  # 3 samples, in-flight counts
+        served = [ln for ln in first.access_log.read_text().splitlines() if "path=/v1/chat/completions" in ln]
+        assert len(served) == 3 and all(f" instance={name} " in ln for ln in served)  # which instance served
         again = await instances(config(redis_server, fleet, urls))
         health = await again.health(session)  # the first look after /readyz said ready
     assert target(health, "up")["buffered"]["samples"] == 3 and health["fleet"]["state"] == "in-fleet"
