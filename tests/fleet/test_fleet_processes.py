@@ -192,3 +192,32 @@ async def test_a_wrong_password_starts_alone_and_says_why(redis_server, upstream
     log = inst.stop()
     assert health["fleet"]["state"] == "alone" and "$FLEET_PASSWORD" in health["fleet"]["reason"]
     assert "refused the password ($FLEET_PASSWORD)" in log and "wrong" not in log.split("refused")[1][:80]
+
+
+async def test_redis_killed_mid_load_loses_no_request_and_the_fleet_rejoins(own_redis, upstreams, instances) -> None:
+    _, ok = answering(0.005)
+    urls = {"up": (await upstreams({PATH: ok})).url}
+    fleet_ = [await instances(config(own_redis, "kill", urls)) for _ in range(2)]
+    statuses: list[int] = []
+
+    async def client(session: aiohttp.ClientSession, n: int) -> None:
+        for i in range(n):
+            statuses.append(await call(session, fleet_[i % 2]))
+
+    async with aiohttp.ClientSession() as session:
+        load = asyncio.gather(*(client(session, 60) for _ in range(4)))
+        await asyncio.sleep(0.3)
+        own_redis.kill()  # mid-load
+        await load
+        assert statuses == [200] * 240  # nobody waited on Redis, nobody failed for it
+        for inst in fleet_:
+            assert (await inst.health(session))["fleet"]["state"] == "alone"
+        own_redis.start()
+        for inst in fleet_:
+            deadline = time.monotonic() + 10
+            while (await inst.health(session))["fleet"]["state"] != "in-fleet":
+                assert time.monotonic() < deadline, "no rejoin within 10 s"
+                await asyncio.sleep(0.05)
+    logs = [inst.stop() for inst in fleet_]
+    for log in logs:  # one line per change: joined, alone, joined again; no line per request or retry
+        assert log.count("carrying on alone") == 1 and log.count("joined as") == 2
