@@ -1,7 +1,7 @@
 """The fleet link: this instance's state shared with the others' through Redis, off the request path.
 
 State's door hands every change to ``hear`` (a deque append: nothing awaits); a publisher task
-sends what gathered in one stream entry every few milliseconds, a reader task blocks on the
+sends what gathered as one stream entry (at once when idle; under load, what came during the last send), a reader task blocks on the
 stream and folds in the other instances' entries, and the probe task claims the fleet's one
 half-open probe per target (``probes.py``). On start the stream's tail is folded in before the
 instance says it is ready (warm start).
@@ -42,7 +42,6 @@ log = logging.getLogger("firstbyte")
 
 TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
 BLOCK_MS = 500  # the reader's blocking read
-FLUSH_SECS = 0.005  # a batch gathers this long after its first event
 LOAD_SECS = 0.25  # in-flight counts are told this often while they change
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
@@ -251,12 +250,11 @@ class FleetLink:
 
     async def _publish(self) -> None:
         while True:
-            woken = False
+            # No wait to gather a batch: an event goes at once, and what arrives while one entry is
+            # being sent goes in the next (batches grow with the load, not with a timer).
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
                 async with asyncio.timeout(LOAD_SECS):
-                    woken = await self._wake.wait()
-            if woken:
-                await asyncio.sleep(FLUSH_SECS)  # let a burst gather into one entry
+                    await self._wake.wait()
             self._wake.clear()
             self._tell_loads()
             while self.outbox:
