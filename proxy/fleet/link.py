@@ -1,10 +1,10 @@
 """The fleet link: this instance's state shared with the others' through Redis, off the request path.
 
 State's door hands every change to ``hear`` (a deque append: nothing awaits); a publisher task
-sends what gathered as one stream entry (at once when idle; under load, what came during the last send), a reader task blocks on the
-stream and folds in the other instances' entries, and the probe task claims the fleet's one
-half-open probe per target (``probes.py``). On start the stream's tail is folded in before the
-instance says it is ready (warm start).
+sends what gathered as one stream entry (at once when idle; under load, what came during the last
+send), a reader task blocks on the stream and folds in the other instances' entries, and the
+probe task claims the fleet's one half-open probe per target (``probes.py``). On start the
+stream's tail is folded in before the instance says it is ready (warm start).
 
 Redis down, slow, flushed or refusing: every command has a short timeout; the first failure
 drops the link (the instance goes on alone at once, its probes its own again), one line is
