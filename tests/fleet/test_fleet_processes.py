@@ -189,7 +189,10 @@ async def test_a_wrong_password_starts_alone_and_says_why(redis_server, upstream
     async with aiohttp.ClientSession() as session:
         health = await inst.health(session)
         assert await call(session, inst) == 200
+    explained = subprocess.run([sys.executable, "-m", "proxy.cli", "explain", "chat", "--url", inst.url],
+                               capture_output=True, text=True, cwd=ROOT, timeout=30)
     log = inst.stop()
+    assert "fleet=pw alone since " in explained.stdout and "$FLEET_PASSWORD" in explained.stdout
     assert health["fleet"]["state"] == "alone" and "$FLEET_PASSWORD" in health["fleet"]["reason"]
     assert "refused the password ($FLEET_PASSWORD)" in log and "wrong" not in log.split("refused")[1][:80]
 
