@@ -79,7 +79,8 @@ def _figures(figures: TargetFigures) -> dict[str, Any]:
 async def health(request: web.Request) -> web.Response:
     """Every target of every route: figures per mode, breaker, failures, in flight, read from the
     state's snapshot like the metrics scrape."""
-    return json_response({"targets": health_rows(request.app[GATEWAY])})
+    gw = request.app[GATEWAY]
+    return json_response({"fleet": _fleet(gw), "targets": health_rows(gw)})
 
 
 def health_rows(gw: Gateway) -> list[dict[str, Any]]:
@@ -105,8 +106,19 @@ def health_rows(gw: Gateway) -> list[dict[str, Any]]:
             # seconds the load fit moves the streamed figure by now (0 when it is off): the planner's
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
+            **_fleet_in_flight(gw, target.key),
         })
     return out
+
+
+def _fleet(gw: Gateway) -> dict[str, Any]:
+    """In the fleet or alone, and since when (``off`` without ``state.redis``)."""
+    return {"state": "off"} if gw.fleet is None else gw.fleet.status()
+
+
+def _fleet_in_flight(gw: Gateway, key: Any) -> dict[str, int]:
+    """The other instances' calls in flight at the target, as they last said (in a fleet only)."""
+    return {} if gw.fleet is None else {"fleet_in_flight": gw.fleet.fleet_in_flight(key)}
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -153,6 +165,7 @@ async def explain(request: web.Request) -> web.Response:
         "route": name,
         "strategy": route.strategy,
         "mode": mode,
+        "fleet": _fleet(gw),
         **({"cost_basis": basis} if basis else {}),
         **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
         "order": order,
@@ -207,7 +220,7 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     snapshot = gw.state.snapshot(gw.config, gw.clock())
-    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, gw.loaded)
+    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, gw.loaded, gw.fleet)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
