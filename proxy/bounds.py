@@ -1,6 +1,6 @@
 """Every bound on what a client or an upstream can make firstbyte hold or wait for, in one place.
 
-The README's "Security" section lists these with their values; a test per bound
+The "Security" section of docs/operations.md lists these with their values; a test per bound
 shows what happens past it. Bounds that a deployment may want to move are config
 keys (``max_body_bytes``, ``connections``); these are the fixed ones.
 """

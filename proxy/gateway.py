@@ -21,17 +21,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .config import KINDS, Config
+from .config import Config
 from .observe import Finished, Observer
 from .observe.ledger_read import measured_costs
+from .providers import transports
 from .scrub import Scrubber
-from .sim.transport import SimTransport
 from .state import State
+from .upstream.http1 import Pool
+from .upstream.transport import HttpTransport
 from .walk.deadlines import Deadlines
-from .walk.http1 import Pool
 from .walk.lease import Lease
 from .walk.limiter import Limiters
-from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
 
 if TYPE_CHECKING:
@@ -63,11 +63,11 @@ class Gateway:
         self._sweeper: asyncio.Task[None] | None = None
         self._finished: list[Finished] = []
         self.pool: Pool | None = None
-        self.sim = SimTransport()
         self.walker: Walker | None = None
         self.draining = False
         self.loaded_at = time.time()  # when the config in force was taken
         self.reload_ok = True  # the last load was taken (False after a refused reload)
+        self.reloads = {"taken": 0, "refused": 0}  # SIGHUP reloads since start, for /metrics
         self.rngs: dict[str, random.Random] = {}
         self._shared_rng = random.Random()
         self.config = config
@@ -114,8 +114,7 @@ class Gateway:
         # upstream's Set-Cookie for one client's call must never ride along on another's.
         self.pool = Pool()
         http = HttpTransport(self.pool, self.scrubber)
-        transports: dict[str, Transport] = {kind: self.sim if kind == "simulated" else http for kind in KINDS}
-        self.walker = Walker(self.state, transports, clock=self.clock, deadlines=self.deadlines,
+        self.walker = Walker(self.state, transports(http), clock=self.clock, deadlines=self.deadlines,
                              limiters=self.limiters)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         # Measured cost per call for the score strategy, from whatever ledger the config names now.
@@ -217,7 +216,7 @@ class CostRefresher:
         except sqlite3.Error as exc:
             log.warning("cost refresh from %s failed: %s", path, exc)
             return
-        self.state.costs = costs
+        self.state.set_costs(costs)
 
     def start(self) -> None:
         if self._task is None:

@@ -111,7 +111,7 @@ class Hub:
             self.metrics.set_route_healthy(route, count)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
-        self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at)
+        self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at, gateway.reloads)
         for guard in gateway.guards:
             self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()

@@ -119,6 +119,8 @@ _SERIES: tuple[tuple[str, type[Counter | Gauge | Histogram], str, str], ...] = (
      "1 if the last config load (start or SIGHUP reload) was taken, 0 if it was refused."),
     ("reload_at", Gauge, "firstbyte_config_last_reload_success_timestamp_seconds",
      "Epoch seconds of the last config load that was taken."),
+    ("reloads", Counter, "firstbyte_config_reloads_total",
+     "SIGHUP reloads since start, by result (taken, refused: the running config stayed)."),
     ("route_healthy", Gauge, "firstbyte_route_healthy_targets",
      "Targets of a route whose breaker is closed and that no Retry-After cools down (0: none healthy)."),
     ("connections", Gauge, "firstbyte_connections", "Client connections open now, per listener."),
@@ -151,6 +153,7 @@ class Metrics:
     budget_exhausted: Counter
     reload_ok: Gauge
     reload_at: Gauge
+    reloads: Counter
     route_healthy: Gauge
     connections: Gauge
     connections_closed: Counter
@@ -358,9 +361,11 @@ class Metrics:
     def set_ledger_dropped(self, count: int) -> None:
         self.ledger_dropped.set({}, count)
 
-    def set_reload(self, ok: bool, taken_at: float) -> None:
+    def set_reload(self, ok: bool, taken_at: float, reloads: Mapping[str, int] | None = None) -> None:
         self.reload_ok.set({}, 1 if ok else 0)
         self.reload_at.set({}, taken_at)
+        for result, count in (reloads or {}).items():
+            self.reloads.set({"result": result}, count)
 
     def render(self, accepts: Sequence[str] = ()) -> tuple[bytes, str]:
         """The Prometheus text exposition and its Content-Type for ``GET /metrics``."""

@@ -8,13 +8,12 @@ transport and the session.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Provider, Target
-from .first_token import FirstToken
-from .sse import data_frame
+from ..translate.first_token import FirstToken
+from ..upstream.transport import UpstreamRequest  # what an adapter builds: the wire's record
 
 if TYPE_CHECKING:
     from ..traceparent import TraceContext
@@ -40,15 +39,6 @@ class Call:
     trace: TraceContext | None = None  # tracing on: stamps each attempt's traceparent (proxy/traceparent.py)
 
 
-@dataclass(slots=True)  # built per request: a frozen init costs about three times as much
-class UpstreamRequest:
-    method: str
-    url: str
-    headers: Mapping[str, str]
-    body: bytes
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 class StreamTranslator(Protocol):
     """Turns one provider's stream bytes into the client's bytes, incrementally.
 
@@ -68,12 +58,6 @@ class StreamTranslator(Protocol):
     def error_event(self, message: str) -> bytes:
         """The event that ends a stream broken after commit, in the client's shape."""
         ...
-
-
-def openai_error_event(message: str) -> bytes:
-    """The relay's closing error event in OpenAI's stream shape."""
-    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
-    return data_frame(err)
 
 
 class Adapter(Protocol):

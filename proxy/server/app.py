@@ -24,12 +24,13 @@ from ..errors import ClientError, error_body
 from ..gateway import Gateway
 from ..observe import Finished
 from ..observe.hub import Hub
-from ..providers.usage import priced, usage_of_body
 from ..relay import forward_headers, relay_stream
+from ..routing.cost import priced
 from ..routing.decision import HEADER, Attempt, Decision, Racer, header_with
 from ..routing.plan import Ask, Refused, plan
 from ..state.tracker import BUFFERED, STREAMED
 from ..traceparent import TraceContext, begin
+from ..translate.usage import usage_of_body
 from ..walk.race import walk_route
 from ..walk.result import Answered, Committed, Exhausted, Rejected, Settling
 from .counting import count_tokens

@@ -28,8 +28,8 @@ from ..errors import ClientError
 from ..gateway import Gateway
 from ..providers.anthropic import anthropic_headers
 from ..routing.plan import Ask, plan
+from ..upstream.transport import BodyTooLarge, HttpUpstream
 from ..walk.classify import classify_status
-from ..walk.transport import BodyTooLarge, HttpUpstream
 from .dialect import ANTHROPIC, in_dialect
 from .replies import JSON, request_id
 from .request import CHARS_PER_TOKEN, parse_call, read_body

@@ -16,7 +16,7 @@ walk's verdict, a 405 or an unhandled exception. An error already in Anthropic's
 (from an Anthropic target) passes through with its own type. Errors inside a stream
 that is already committed are the stream translators' (``providers/``), not this
 module's. aiohttp's parser errors and the listener's 408/503 come before any path is
-known and stay OpenAI's (the README's limits table).
+known and stay OpenAI's (the limits table of docs/operations.md, "Security").
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ def anthropic_to_openai_request(body: Json, model: str) -> Json:
         elif role == "assistant":
             messages.append(_assistant_message(message.get("content"), i))
         else:
-            raise TranslationError(f"messages[{i}].role {role!r} is not supported")
+            raise TranslationError(f"messages[{i}].role", f"role {role!r} is not a Messages API role; "
+                                   "use user or assistant")
 
     out: Json = {"model": model, "messages": messages}
     if body.get("max_tokens") is not None:
@@ -48,6 +49,9 @@ def anthropic_to_openai_request(body: Json, model: str) -> Json:
     if body.get("stream"):
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
+    response_format = _response_format(body)
+    if response_format is not None:
+        out["response_format"] = response_format
     user_id = (body.get("metadata") or {}).get("user_id")
     if user_id:
         out["user"] = user_id
@@ -59,6 +63,20 @@ def anthropic_to_openai_request(body: Json, model: str) -> Json:
         if choice.get("disable_parallel_tool_use"):
             out["parallel_tool_calls"] = False
     return out
+
+
+def _response_format(body: Json) -> Json | None:
+    """Anthropic's structured output (``output_config.format``, or the beta's ``output_format``) as
+    the chat API's ``response_format``: the same JSON schema, strict."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    fmt = fmt if fmt is not None else body.get("output_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise TranslationError("output_config.format", "only a json_schema format with a schema has a chat "
+                               "completions equivalent; send {type: json_schema, schema: {...}}")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
 def _user_messages(content: Any, i: int) -> list[Json]:
@@ -103,9 +121,11 @@ def _user_part(block: Json, i: int) -> Json:
         elif source.get("type") == "url":
             url = source.get("url") or ""
         else:
-            raise TranslationError(f"messages[{i}]: image source {source.get('type')!r}")
+            raise TranslationError(f"messages[{i}].content", f"image source {source.get('type')!r} has no "
+                                   "chat completions equivalent; send base64 or url")
         return {"type": "image_url", "image_url": {"url": url}}
-    raise TranslationError(f"messages[{i}]: content block {kind!r} has no OpenAI equivalent")
+    raise TranslationError(f"messages[{i}].content", f"content block {kind!r} has no chat completions "
+                           "equivalent; send text or image blocks")
 
 
 def _assistant_message(content: Any, i: int) -> Json:
@@ -120,7 +140,8 @@ def _assistant_message(content: Any, i: int) -> Json:
         elif kind == "tool_use":
             calls.append(tool_call_of(block))
         elif kind not in ("thinking", "redacted_thinking"):  # signed reasoning stays behind
-            raise TranslationError(f"messages[{i}]: content block {kind!r} is not supported")
+            raise TranslationError(f"messages[{i}].content", f"content block {kind!r} has no chat "
+                                   "completions equivalent; send text and tool_use blocks")
     message: Json = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
@@ -129,7 +150,8 @@ def _assistant_message(content: Any, i: int) -> Json:
 
 def _tool(tool: Json, i: int) -> Json:
     if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
-        raise TranslationError(f"tools[{i}]: server tool {tool.get('type')!r} is not supported")
+        raise TranslationError(f"tools[{i}]", f"server tool {tool.get('type')!r} runs on Anthropic's side; "
+                               "leave it out or route to an Anthropic target")
     function: Json = {"name": tool.get("name")}
     if tool.get("description"):
         function["description"] = tool["description"]
@@ -145,4 +167,5 @@ def _tool_choice(choice: Json) -> Any:
         return "required"
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}
-    raise TranslationError(f"tool_choice {choice!r} is not supported")
+    raise TranslationError("tool_choice", f"tool_choice {choice!r} has no chat completions equivalent; "
+                           "use auto, any, none or tool")

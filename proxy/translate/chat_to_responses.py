@@ -8,7 +8,7 @@ target's chat API, whose request ``responses_to_chat`` built:
   sequence as they arrive, with sequence numbers, and ends a broken stream with
   ``error`` and ``response.failed``.
 
-Pure functions and one sans-I/O stream translator. The README's "Responses API"
+Pure functions and one sans-I/O stream translator. docs/apis.md's "Responses API"
 table maps both halves.
 """
 
@@ -27,6 +27,7 @@ __all__ = [
     "ChatStreamToResponses",
     "ResponsesStreamError",
     "chat_to_response",
+    "error_payload",
     "response_usage",
 ]
 
@@ -44,6 +45,13 @@ class ResponsesStreamError(StreamError):
 
 
 _ids = random.Random()  # seeded from os.urandom once; ids need to be unique, not secret
+
+
+def error_payload(message: str) -> Json:
+    """The ``error`` event of a stream that broke after commit, in OpenAI's flat shape. (The Open
+    Responses spec nests these fields under ``error``; the openai SDK raises on any event with an
+    ``error`` key instead of yielding it, and the ``response.failed`` after it would be lost.)"""
+    return {"type": "error", "code": "stream_interrupted", "message": message, "param": None}
 
 
 def _new_id(prefix: str) -> str:
@@ -69,7 +77,11 @@ def response_usage(usage: Json) -> Json:
 
 
 def _envelope(request: Json, model: str, rid: str, created: float) -> Json:
-    """The Response object's fields that echo the request, in the order OpenAI sends them."""
+    """The Response object's fields that echo the request, in the order OpenAI sends them.
+
+    Every field the Open Responses spec requires is present, even when the request did not
+    set it: sampling knobs the client left out are the defaults the target used (1.0 and
+    0), and ``completed_at`` is null until the response completes."""
     raw = request.get("text")
     text: Json = raw if isinstance(raw, dict) else {}
     return {
@@ -77,27 +89,52 @@ def _envelope(request: Json, model: str, rid: str, created: float) -> Json:
         "object": "response",
         "created_at": int(created),
         "status": "in_progress",
+        "completed_at": None,
         "background": False,
         "error": None,
         "incomplete_details": None,
         "instructions": request.get("instructions"),
         "max_output_tokens": request.get("max_output_tokens"),
+        "max_tool_calls": None,  # refused when set (responses_to_chat): no chat equivalent
         "model": model,
         "output": [],
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
         "previous_response_id": None,
+        "prompt_cache_key": _string(request.get("prompt_cache_key")),
         "reasoning": request.get("reasoning") or {"effort": None, "summary": None},
+        "safety_identifier": _string(request.get("safety_identifier")),
+        "service_tier": "default",
         "store": False,  # nothing is stored: previous_response_id cannot refer to this one
-        "temperature": request.get("temperature"),
+        "temperature": _number(request.get("temperature"), 1.0),
         "text": {**text, "format": text.get("format") or {"type": "text"}},
         "tool_choice": request.get("tool_choice") or "auto",
-        "tools": request.get("tools") or [],
-        "top_p": request.get("top_p"),
+        "tools": [_echo_tool(tool) for tool in request.get("tools") or []],
+        "top_logprobs": 0,  # refused when set (responses_to_chat): log probabilities are not translated
+        "top_p": _number(request.get("top_p"), 1.0),
+        "presence_penalty": _number(request.get("presence_penalty"), 0.0),
+        "frequency_penalty": _number(request.get("frequency_penalty"), 0.0),
         "truncation": request.get("truncation") or "disabled",
         "usage": None,
         "user": request.get("user"),
         "metadata": request.get("metadata") or {},
     }
+
+
+def _number(value: Any, default: float) -> float:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _echo_tool(tool: Any) -> Any:
+    """A function tool as the spec echoes it: ``description``, ``parameters`` and ``strict``
+    always present (null when the request left them out)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    return {"type": "function", "name": tool.get("name"), "description": tool.get("description"),
+            "parameters": tool.get("parameters"), "strict": tool.get("strict"), **tool}
 
 
 def _finished(envelope: Json, finish: str | None, output: list[Json], usage: Json | None) -> Json:
@@ -191,7 +228,7 @@ class ChatStreamToResponses(ChatChunkFeed):
     def error_event(self, message: str) -> bytes:
         """The end of a stream that broke after commit: ``error``, then ``response.failed``."""
         out = self._start() + self._close("incomplete")
-        out += self._event({"type": "error", "code": "stream_interrupted", "message": message, "param": None})
+        out += self._event(error_payload(message))
         assert self._envelope is not None
         failed = _finished(self._envelope, None, self._output, self._chat_usage)
         failed["status"] = "failed"

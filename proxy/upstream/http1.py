@@ -14,6 +14,11 @@ minutes, happy eyeballs across them (aiohappyeyeballs, aiohttp's own), SNI and c
 by the name without a trailing dot, ``Accept``/``Accept-Encoding`` only where the provider set
 none, idle connections closed past keep-alive by one timer per pool.
 
+A connection is reused only once it has been quiet for ``QUIET`` and its socket holds nothing
+unread; what an upstream may say on it is guarded by ``proxy.upstream.connection`` (interim floods,
+unsolicited answers; docs/adr/0012). A final status a client must not act on (101, 3xx, one HTTP
+does not define) is :class:`BadStatus`, never an answer.
+
 Connect failures are raised as :class:`ConnectFailed` with the word the walker logs; what the
 parser or the socket raises later is aiohttp's own client errors, named by ``transport.failure_of``.
 """
@@ -30,15 +35,18 @@ from typing import Any, NamedTuple
 
 import aiohappyeyeballs
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-__all__ = ["ConnectFailed", "MalformedAnswer", "Origin", "Pool"]
+from .connection import Connection, Origin, quiet
+
+__all__ = ["BadStatus", "ConnectFailed", "MalformedAnswer", "Origin", "Pool"]
 
 KEEPALIVE = 15.0  # an idle connection older than this is closed, not reused (aiohttp's default)
 DNS_TTL = 300.0  # a host's addresses are kept this long (aiohttp's ttl_dns_cache as firstbyte set it)
+QUIET = 0.05  # a released connection is reused only after this long without a byte (docs/adr/0012)
+DISTRUST = 60.0  # an origin that sent an unsolicited byte has no connection kept for this long
 REPLAY_WINDOW = 0.25  # a keep-alive crossing shows within a round trip; later, the upstream may have worked on it
 HAPPY_EYEBALLS = 0.25  # the next address is tried this long after the previous (aiohttp's default)
 READ_BUFSIZE = 2**16
@@ -60,14 +68,25 @@ class MalformedAnswer(aiohttp.ClientError):
     """The upstream's status line or headers could not be parsed as HTTP/1.1."""
 
 
-class Origin(NamedTuple):
-    scheme: str
-    host: str  # as resolved: a trailing dot kept (no search-domain expansion)
-    port: int
+class BadStatus(aiohttp.ClientError):
+    """A final status firstbyte never passes on: a protocol switch, a redirect, or a number HTTP
+    does not define. A client that got it would act on it (the anthropic SDK followed a relayed
+    307 and posted the prompt to the address in ``Location``)."""
 
-    @property
-    def name(self) -> str:  # for Host, SNI and the certificate check: without the dot, as aiohttp
-        return self.host.rstrip(".")
+    def __init__(self, status: int) -> None:
+        if status == 101:
+            did = "switched protocols (101)"
+        elif 300 <= status < 400:
+            did = f"answered {status}, a redirect, which firstbyte neither follows nor passes on"
+        else:
+            did = f"answered {status:03d}, a status HTTP does not define"
+        super().__init__(f"upstream {did}; only 2xx, 4xx and 5xx answers are relayed")
+        self.status = status
+
+
+def relayable(status: int) -> bool:
+    """A final status a client may act on as the upstream's answer."""
+    return 200 <= status < 300 or 400 <= status < 600
 
 
 class Endpoint(NamedTuple):
@@ -112,26 +131,6 @@ def request_head(method: str, endpoint: Endpoint, headers: Mapping[str, str], le
     return "".join(lines).encode("utf-8", "surrogateescape")
 
 
-class Connection(ResponseHandler):
-    """aiohttp's client protocol, knowing which origin's idle list it goes back to. An upstream
-    that speaks while the connection is idle is cut off: its bytes would be read as the start
-    of the next caller's answer (the next request installs a fresh parser over them)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, origin: Origin) -> None:
-        super().__init__(loop)
-        self.origin = origin
-        self.idle = False
-        self.heard = False  # the upstream has said something since the connection was last taken
-
-    def data_received(self, data: bytes) -> None:
-        if data:
-            if self.idle:
-                self.close()
-                return
-            self.heard = True
-        super().data_received(data)
-
-
 class Answer(NamedTuple):
     status: int
     headers: CIMultiDictProxy[str]
@@ -140,14 +139,17 @@ class Answer(NamedTuple):
 
 
 class Pool:
-    """Connections kept open per origin, reused last-in first-out so the warm ones stay warm."""
+    """Connections kept open per origin, reused last-in first-out (among those quiet for ``quiet``
+    seconds) so the warm ones stay warm."""
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None, keepalive: float = KEEPALIVE,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, quiet: float = QUIET) -> None:
         self._ssl = ssl_context or default_tls()
         self._dns: dict[tuple[str, int], tuple[list[Any], float]] = {}
         self._keepalive = keepalive
         self._clock = clock
+        self._quiet = quiet
+        self._strays: dict[Origin, float] = {}  # origin -> until when its connections are not kept
         self._idle: dict[Origin, deque[tuple[Connection, float]]] = {}
         self._endpoints: dict[str, Endpoint] = {}
         self._closed = False
@@ -185,6 +187,7 @@ class Pool:
         while True:
             try:
                 written = self._clock()
+                protocol.asked()
                 protocol.set_response_params(read_until_eof=True, auto_decompress=True, read_bufsize=READ_BUFSIZE)
                 transport = protocol.transport
                 if transport is None:
@@ -193,9 +196,7 @@ class Pool:
                 if len(body) >= 65536:
                     transport.write(body)
                 try:
-                    message, content = await protocol.read()
-                    while 100 <= message.code < 200 and message.code != 101:  # 100 Continue, 103: the answer follows
-                        message, content = await protocol.read()
+                    message, content = await protocol.read()  # the final answer: the protocol drops 1xx
                 except HttpProcessingError as exc:  # its message quotes the upstream's bytes: named, not quoted
                     raise MalformedAnswer(type(exc.__cause__ or exc).__name__) from exc
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
@@ -211,15 +212,19 @@ class Pool:
             except BaseException:
                 protocol.close()
                 raise
+            if not relayable(message.code):
+                protocol.close()
+                raise BadStatus(message.code)
             return Answer(message.code, message.headers, content, protocol)
 
     def release(self, answer: Answer) -> None:
         """Give the connection back when its answer was read to the end, else close it."""
         protocol = answer.protocol
         transport = protocol.transport
+        now = self._clock()
         if (answer.content.at_eof() and not protocol.should_close and transport is not None
-                and not transport.is_closing() and not transport.get_write_buffer_size() and not self._closed):
-            now = self._clock()
+                and not transport.is_closing() and not transport.get_write_buffer_size() and not self._closed
+                and self._strays.get(protocol.origin, 0.0) <= now):
             idle = self._idle.get(protocol.origin)
             if idle is None:
                 idle = self._idle[protocol.origin] = deque()
@@ -248,17 +253,33 @@ class Pool:
         self._idle.clear()
 
     def _reuse(self, origin: Origin) -> Connection | None:
+        """The youngest idle connection that has been quiet for ``quiet`` seconds and has nothing
+        waiting on its socket; younger ones stay for later, dead ones are closed."""
         idle = self._idle.get(origin)
         if not idle:
             return None
         now = self._clock()
-        while idle:
-            protocol, since = idle.pop()
-            if protocol.is_connected() and not protocol.should_close and now - since < self._keepalive:
-                protocol.idle = protocol.heard = False
+        i = len(idle) - 1
+        while i >= 0 and now - idle[i][1] < self._quiet:  # released in order: the young are on top
+            i -= 1
+        while i >= 0:
+            protocol, since = idle[i]
+            del idle[i]
+            i -= 1
+            if (protocol.is_connected() and not protocol.should_close and now - since < self._keepalive
+                    and quiet(protocol)):
                 return protocol
             protocol.close()
         return None
+
+    def _stray(self, origin: Origin) -> None:
+        """An upstream of ``origin`` said something nobody asked for: its answers may no longer
+        line up with its requests, so none of its connections goes back to the pool for a while."""
+        if len(self._strays) >= ENDPOINTS_MAX:
+            self._strays.clear()
+        self._strays[origin] = self._clock() + DISTRUST
+        for protocol, _ in self._idle.pop(origin, ()):
+            protocol.close()
 
     async def _connect(self, origin: Origin, timeout: float | None) -> Connection:
         if self._closed:
@@ -276,7 +297,7 @@ class Pool:
                     raise
                 try:
                     _, protocol = await loop.create_connection(
-                        lambda: Connection(loop, origin), sock=sock,
+                        lambda: Connection(loop, origin, self._stray), sock=sock,
                         ssl=self._ssl if tls else None, server_hostname=origin.name if tls else None,
                     )
                 except BaseException:

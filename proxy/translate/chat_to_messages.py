@@ -29,7 +29,7 @@ class OpenAIStreamError(StreamError):
 
 
 # OpenAI finish_reason -> Anthropic stop_reason. OpenAI does not say which stop sequence
-# matched, so "stop" is always end_turn.
+# matched, so "stop" is end_turn unless the server says (``matched_stop``).
 STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -41,8 +41,9 @@ STOP_REASONS = {
 # --- response: OpenAI -> Anthropic ------------------------------------------------------------
 
 
-def openai_to_anthropic_response(body: Json, model: str) -> Json:
-    """Reshape a buffered ``chat.completion`` as a Messages answer (id kept as is)."""
+def openai_to_anthropic_response(body: Json, model: str, stops: list[str] | None = None) -> Json:
+    """Reshape a buffered ``chat.completion`` as a Messages answer (id kept as is); ``stops`` are
+    the request's ``stop_sequences``."""
     choices = body.get("choices") or [{}]
     choice = choices[0]
     message = choice.get("message") or {}
@@ -50,20 +51,33 @@ def openai_to_anthropic_response(body: Json, model: str) -> Json:
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     content.extend(tool_use_of(call) for call in message.get("tool_calls") or [])
+    matched = matched_stop(choice, stops or [])
     return {
         "id": body.get("id"),
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(choice.get("finish_reason")),
-        "stop_sequence": None,
+        "stop_reason": "stop_sequence" if matched else stop_reason(choice.get("finish_reason")),
+        "stop_sequence": matched,
         "usage": anthropic_usage(body.get("usage") or {}),
     }
 
 
 def stop_reason(finish: str | None) -> str:
     return STOP_REASONS.get(finish or "", "end_turn")
+
+
+def matched_stop(choice: Json, stops: list[str]) -> str | None:
+    """The stop sequence that ended a ``stop`` answer, when the server says which: vLLM's
+    ``stop_reason`` or SGLang's ``matched_stop``, holding one of the request's sequences."""
+    if choice.get("finish_reason") != "stop":
+        return None
+    for key in ("stop_reason", "matched_stop"):
+        value = choice.get(key)
+        if isinstance(value, str) and value in stops:
+            return value
+    return None
 
 
 def anthropic_usage(usage: Json) -> Json:
@@ -101,8 +115,10 @@ class OpenAIStreamToAnthropic(ChatChunkFeed):
     stream_error = OpenAIStreamError
     malformed = "malformed OpenAI stream chunk"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, stops: list[str] | None = None) -> None:
         self.model = model
+        self._stops = stops or []
+        self._stop_sequence: str | None = None
         self.usage: dict[str, int] | None = None
         self.done = False
         self._decoder = SseDecoder()
@@ -141,7 +157,8 @@ class OpenAIStreamToAnthropic(ChatChunkFeed):
             for call in delta.get("tool_calls") or []:
                 out += self._on_tool_call(call)
             if choice.get("finish_reason"):
-                self._stop_reason = stop_reason(choice["finish_reason"])
+                self._stop_sequence = matched_stop(choice, self._stops)
+                self._stop_reason = "stop_sequence" if self._stop_sequence else stop_reason(choice["finish_reason"])
         return out
 
     def _on_tool_call(self, call: Json) -> bytes:
@@ -199,7 +216,7 @@ class OpenAIStreamToAnthropic(ChatChunkFeed):
         out = self._close() + _event(
             "message_delta",
             {
-                "delta": {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": None},
+                "delta": {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": self._stop_sequence},
                 "usage": usage,
             },
         )

@@ -12,9 +12,8 @@ from typing import Any
 import orjson
 
 from ..errors import StreamError, error_body, error_type
-from .base import openai_error_event
 from .chat_to_anthropic import tool_call_of
-from .sse import DONE, SseDecoder, data_frame
+from .sse import DONE, SseDecoder, data_frame, openai_error_event
 from .tokens import says_context_overflow, token_count
 from .usage import usage_from_anthropic
 
@@ -48,14 +47,17 @@ FINISH_REASONS = {
 # --- response: Anthropic -> OpenAI ------------------------------------------------------------
 
 
-def anthropic_to_openai_response(body: Json, model: str, *, created: int = 0) -> Json:
+def anthropic_to_openai_response(body: Json, model: str, *, created: int = 0, json_tool: str | None = None) -> Json:
     """Reshape a buffered Messages answer as a ``chat.completion`` (the id is kept as is,
-    so it can be matched with Anthropic's own logs)."""
+    so it can be matched with Anthropic's own logs). ``json_tool``: the forced tool that carried
+    a JSON answer (``chat_to_anthropic.JSON_TOOL``); its input is the message's content."""
     texts: list[str] = []
     calls: list[Json] = []
     for block in body.get("content") or []:
-        if block.get("type") == "text":
+        if block.get("type") == "text" and json_tool is None:  # a JSON answer is the tool's input alone
             texts.append(block.get("text") or "")
+        elif block.get("type") == "tool_use" and json_tool is not None and block.get("name") == json_tool:
+            texts.append(orjson.dumps(block.get("input") or {}).decode())
         elif block.get("type") == "tool_use":
             calls.append(tool_call_of(block))
     message: Json = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
@@ -71,14 +73,17 @@ def anthropic_to_openai_response(body: Json, model: str, *, created: int = 0) ->
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": finish_reason(body.get("stop_reason")),
+                "finish_reason": finish_reason(body.get("stop_reason"), bool(calls)),
             }
         ],
         "usage": usage_from_anthropic(body.get("usage") or {}),
     }
 
 
-def finish_reason(stop_reason: str | None) -> str:
+def finish_reason(stop_reason: str | None, calls: bool = True) -> str:
+    """``calls``: the answer holds tool calls the client sees; a forced JSON tool's stop is a ``stop``."""
+    if stop_reason == "tool_use" and not calls:
+        return "stop"
     return FINISH_REASONS.get(stop_reason or "", "stop")
 
 
@@ -89,8 +94,10 @@ class AnthropicStreamToOpenAI:
     """Translate an Anthropic event stream into OpenAI ``chat.completion.chunk`` events as
     they arrive, so the client's first chunk is Anthropic's first event, not its last."""
 
-    def __init__(self, model: str, include_usage: bool, created: int = 0) -> None:
+    def __init__(self, model: str, include_usage: bool, created: int = 0, json_tool: str | None = None) -> None:
         self.model = model
+        self.json_tool = json_tool  # its input streams as the message's content (a JSON answer)
+        self._json_blocks: set[int] = set()
         self.include_usage = include_usage
         self.created = created
         self.usage: dict[str, int] | None = None
@@ -144,7 +151,7 @@ class AnthropicStreamToOpenAI:
             if reason is None:
                 return b""
             self._finished = True
-            return self._chunk({}, finish_reason(reason))
+            return self._chunk({}, finish_reason(reason, bool(self._tool_index)))
         if kind == "message_stop":
             return self._on_stop()
         if kind == "error":
@@ -155,9 +162,12 @@ class AnthropicStreamToOpenAI:
         return b""  # ping, content_block_stop, and event types added later
 
     def _on_block_start(self, index: int, block: Json) -> bytes:
-        if block.get("type") == "text" and block.get("text"):
+        if block.get("type") == "text" and block.get("text") and self.json_tool is None:
             return self._chunk({"content": block["text"]})
         if block.get("type") != "tool_use":
+            return b""
+        if self.json_tool is not None and block.get("name") == self.json_tool:
+            self._json_blocks.add(index)
             return b""
         self._tool_index[index] = tool_index = len(self._tool_index)
         call = {
@@ -169,8 +179,11 @@ class AnthropicStreamToOpenAI:
         return self._chunk({"tool_calls": [call]})
 
     def _on_block_delta(self, index: int, delta: Json) -> bytes:
-        if delta.get("type") == "text_delta" and delta.get("text"):
+        if delta.get("type") == "text_delta" and delta.get("text") and self.json_tool is None:
             return self._chunk({"content": delta["text"]})
+        if index in self._json_blocks and delta.get("type") == "input_json_delta":
+            text = delta.get("partial_json")
+            return self._chunk({"content": text}) if text else b""
         if delta.get("type") == "input_json_delta" and delta.get("partial_json"):
             call = {
                 "index": self._tool_index.get(index, 0),

@@ -9,7 +9,7 @@ its chat API here, and ``chat_to_responses`` brings the answer back.
 response store or hosted tools (``previous_response_id``, ``background``,
 built-in tools…), which the walker records as an ``untranslatable`` attempt.
 
-Pure functions, like ``messages_to_chat`` for ``/v1/messages``. The README's
+Pure functions, like ``messages_to_chat`` for ``/v1/messages``. docs/apis.md's
 "Responses API" table is this module's map.
 """
 
@@ -31,16 +31,22 @@ Json = dict[str, Any]
 NAMESPACE_SEP = "__"
 
 # Request keys carried to the chat request as they are.
-_SAME = ("temperature", "top_p")
+_SAME = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 # Request keys that need a stored response, hosted execution or output we cannot rebuild:
 # key -> why, for the untranslatable reason.
 _NEEDS = {
-    "previous_response_id": "needs a response store (send the whole conversation as input instead)",
-    "conversation": "needs a conversation store (send the whole conversation as input instead)",
-    "background": "needs background execution and a response store",
-    "prompt": "needs stored prompt templates",
-    "top_logprobs": "log probabilities are not translated back",
-    "max_tool_calls": "has no chat completions equivalent",
+    "previous_response_id": "needs a response store; send the whole conversation as input instead "
+                            "(with store: false), or route to a provider with responses: true",
+    "conversation": "needs a conversation store; send the whole conversation as input instead, or "
+                    "route to a provider with responses: true",
+    "background": "needs background execution and a response store; leave it out (or false), or route "
+                  "to a provider with responses: true",
+    "prompt": "needs stored prompt templates; send instructions and input instead, or route to a "
+              "provider with responses: true",
+    "top_logprobs": "log probabilities are not translated back; leave it out (or 0), or route to a "
+                    "provider with responses: true",
+    "max_tool_calls": "has no chat completions equivalent; leave it out, or route to a provider with "
+                      "responses: true",
 }
 
 
@@ -50,16 +56,14 @@ _NEEDS = {
 def responses_to_chat(body: Json, model: str, *, reasoning: bool = True) -> Json:
     """Build the ``chat.completions`` request for ``body``; ``reasoning`` says whether the
     target takes ``reasoning_effort`` (OpenAI-compatible targets do)."""
-    for key, why in _NEEDS.items():
-        value = body.get(key)
-        if value is not None and value is not False:
-            raise TranslationError(f"'{key}' {why}; only a target with responses: true can take it")
+    _refuse_what_needs_a_store(body)
     messages: list[Json] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
         messages.append({"role": "system", "content": instructions})
     elif instructions:
-        raise TranslationError("'instructions' as a list of items is not supported; send a string")
+        raise TranslationError("instructions", "'instructions' as a list of items has no chat completions "
+                               "equivalent; send a string, or the items as input")
     raw = body.get("input")
     if isinstance(raw, str):
         messages.append({"role": "user", "content": raw})
@@ -67,7 +71,7 @@ def responses_to_chat(body: Json, model: str, *, reasoning: bool = True) -> Json
         for i, item in enumerate(raw):
             _add_item(messages, item, i)
     elif raw is not None:
-        raise TranslationError("'input' must be a string or a list of items")
+        raise TranslationError("input", "'input' must be a string or a list of items")
 
     out: Json = {"model": model, "messages": messages}
     if body.get("max_output_tokens") is not None:
@@ -99,9 +103,16 @@ def responses_to_chat(body: Json, model: str, *, reasoning: bool = True) -> Json
     return out
 
 
+def _refuse_what_needs_a_store(body: Json) -> None:
+    for key, why in _NEEDS.items():
+        value = body.get(key)
+        if value is not None and value is not False and value != 0:  # 0 and false ask for nothing
+            raise TranslationError(key, f"'{key}' {why}")
+
+
 def _add_item(messages: list[Json], item: Any, i: int) -> None:
     if not isinstance(item, dict):
-        raise TranslationError(f"input[{i}] must be an object")
+        raise TranslationError(f"input[{i}]", f"input[{i}] must be an object (an item)")
     kind = item.get("type", "message")
     if kind == "message":
         messages.append(_message(item, i))
@@ -123,7 +134,9 @@ def _add_item(messages: list[Json], item: Any, i: int) -> None:
     elif kind == "reasoning":
         pass  # another model's reasoning (often encrypted) stays behind, as on /v1/messages
     else:
-        raise TranslationError(f"input[{i}]: item type {kind!r} has no chat completions equivalent")
+        raise TranslationError(f"input[{i}].type", f"item type {kind!r} has no chat completions equivalent; "
+                               "send message, function_call and function_call_output items, or route to a "
+                               "provider with responses: true")
 
 
 def _message(item: Json, i: int) -> Json:
@@ -135,7 +148,8 @@ def _message(item: Json, i: int) -> Json:
     if role == "assistant":
         return {"role": "assistant", "content": _text(content, f"input[{i}].content")}
     if role != "user":
-        raise TranslationError(f"input[{i}].role {role!r} is not supported")
+        raise TranslationError(f"input[{i}].role", f"role {role!r} is not a Responses API role; use user, "
+                               "assistant, system or developer")
     if content is None or isinstance(content, str):
         return {"role": "user", "content": content or ""}
     parts = [_user_part(part, i) for part in content]
@@ -151,12 +165,14 @@ def _user_part(part: Json, i: int) -> Json:
     if kind == "input_image":
         url = part.get("image_url")
         if not isinstance(url, str) or not url:
-            raise TranslationError(f"input[{i}]: an input_image by file_id needs the Files API")
+            raise TranslationError(f"input[{i}].content", "an input_image by file_id needs the Files API; "
+                                   "send image_url (an http(s) or data: URL)")
         image: Json = {"url": url}
         if part.get("detail") in ("low", "high"):
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}
-    raise TranslationError(f"input[{i}]: content part {kind!r} has no chat completions equivalent")
+    raise TranslationError(f"input[{i}].content", f"content part {kind!r} has no chat completions "
+                           "equivalent; send input_text or input_image parts")
 
 
 def _text(content: Any, where: str) -> str:
@@ -171,7 +187,8 @@ def _text(content: Any, where: str) -> str:
         elif kind == "refusal":
             texts.append(part.get("refusal") or "")
         else:
-            raise TranslationError(f"{where}: content part {kind!r} has no chat completions equivalent here")
+            raise TranslationError(where, f"content part {kind!r} has no chat completions equivalent here; "
+                                   "send text parts")
     return "".join(texts)
 
 
@@ -197,12 +214,13 @@ def _tools(tool: Json, i: int) -> list[Json]:
         out = []
         for j, inner in enumerate(tool.get("tools") or []):
             if inner.get("type") != "function":
-                raise TranslationError(f"tools[{i}].tools[{j}]: only function tools are supported")
+                raise TranslationError(f"tools[{i}].tools[{j}]", "only function tools have a chat completions "
+                                       "equivalent inside a namespace; leave this one out")
             out.append(_function(inner, _flat(inner.get("name"), tool.get("name"))))
         return out
     hint = " (Codex CLI: web_search = \"disabled\" in config.toml)" if str(kind).startswith("web_search") else ""
     raise TranslationError(
-        f"tools[{i}]: built-in tool {kind!r} runs on OpenAI's side and has no chat completions "
+        f"tools[{i}]", f"built-in tool {kind!r} runs on OpenAI's side and has no chat completions "
         f"equivalent; leave it out{hint} or route to a provider with responses: true"
     )
 
@@ -224,7 +242,8 @@ def _tool_choice(choice: Any) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": _flat(choice.get("name"), choice.get("namespace"))}}
-    raise TranslationError(f"tool_choice {choice!r} has no chat completions equivalent")
+    raise TranslationError("tool_choice", f"tool_choice {choice!r} has no chat completions equivalent; "
+                           "use auto, none, required or a function")
 
 
 def _response_format(fmt: Any) -> Json | None:
@@ -238,4 +257,5 @@ def _response_format(fmt: Any) -> Json | None:
             if fmt.get(key) is not None:
                 schema[key] = fmt[key]
         return {"type": "json_schema", "json_schema": schema}
-    raise TranslationError(f"text.format type {fmt.get('type')!r} has no chat completions equivalent")
+    raise TranslationError("text.format.type", f"text.format type {fmt.get('type')!r} has no chat "
+                           "completions equivalent; use text, json_object or json_schema")

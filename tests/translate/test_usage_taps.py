@@ -14,10 +14,10 @@ import pytest
 
 from proxy.bounds import MAX_EVENT_BYTES
 from proxy.errors import StreamTooLarge
-from proxy.providers.anthropic_to_chat import AnthropicStreamToOpenAI
-from proxy.providers.chat_to_messages import OpenAIStreamToAnthropic
-from proxy.providers.sse import SseDecoder
-from proxy.providers.usage_taps import AnthropicUsageTap, OpenAIUsageTap
+from proxy.translate.anthropic_to_chat import AnthropicStreamToOpenAI
+from proxy.translate.chat_to_messages import OpenAIStreamToAnthropic
+from proxy.translate.sse import SseDecoder
+from proxy.translate.usage_taps import AnthropicUsageTap, OpenAIUsageTap
 from proxy.walk.classify import classify_exception
 
 PIECE = b"x" * 2048

@@ -1,10 +1,9 @@
-"""Token counts and the price of one call.
+"""Token counts of one call, in one record whatever the answer's shape.
 
 Usage comes from the answer the client got: a buffered body in the client's
 shape (OpenAI's ``usage`` or, on ``/v1/messages``, Anthropic's), or the stream
-translator that counted it on the way through. Cost is tokens times the
-served target's declared price (USD per million tokens); a target without a
-declared price has no cost, never a guessed one.
+translator that counted it on the way through. What the counts cost is
+``routing/cost.py``'s.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ from typing import Any
 
 import orjson
 
-from ..config import Price
-from ..routing.decision import Decision
 from .tokens import token_count
 
-__all__ = ["cost_of", "counted", "priced", "usage_from_anthropic", "usage_from_chat", "usage_from_responses",
+__all__ = ["counted", "usage_from_anthropic", "usage_from_chat", "usage_from_responses",
            "usage_of_body"]
 
 Usage = dict[str, int]
@@ -111,18 +108,3 @@ def _last_usage_object(body: bytes) -> object:
                     return None
     return None
 
-
-def cost_of(usage: Usage | None, price: Price | None) -> float | None:
-    """USD for one call; None when either the counts or the price is unknown."""
-    if not usage or price is None:
-        return None
-    return (usage.get("prompt_tokens", 0) * price.input + usage.get("completion_tokens", 0) * price.output) / 1e6
-
-
-def priced(decision: Decision, price: Price | None, usage: Usage | None, **changes: Any) -> Decision:
-    """The decision with the served call's token counts and cost on it (and any other ``changes``),
-    for the observers; ``usage`` is the caller's to give away."""
-    if usage:
-        changes["usage"] = usage
-        changes["cost_usd"] = cost_of(usage, price)
-    return decision.but(**changes) if changes else decision

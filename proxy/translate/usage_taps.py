@@ -21,10 +21,10 @@ from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamTooLarge
 from ..memory import trim
 from .anthropic_to_chat import AnthropicStreamError
-from .base import openai_error_event
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import error_of
+from .sse import data_frame, openai_error_event
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 
@@ -178,8 +178,10 @@ class OpenAIUsageTap:
             start, end = _event_around(block, at)
             if start < cut:
                 continue  # a second usage object inside an event already looked at
-            if self._count(block[start:end]):
+            instead = self._count(block[start:end])
+            if instead is not None:
                 out.append(block[cut:start])
+                out.append(instead)
                 cut = end
         if cut:
             out.append(block[cut:])
@@ -194,17 +196,37 @@ class OpenAIUsageTap:
     def error_event(self, message: str) -> bytes:
         return openai_error_event(message)
 
-    def _count(self, event: bytes) -> bool:
-        """Record the event's usage; True when it is the usage-only chunk to drop."""
+    def _count(self, event: bytes) -> bytes | None:
+        """Record the event's usage; what the client gets instead of the event when it did not ask
+        for usage (``b""``: nothing), or None to pass it as it is.
+
+        The usage chunk is dropped whether its ``choices`` is empty (OpenAI) or holds choices that
+        say nothing (LiteLLM's ``[{"index": 0, "delta": {}}]``); usage riding on a chunk that says
+        something is cut from it, and the rest goes on."""
         try:
             chunk = orjson.loads(_data(event))
         except orjson.JSONDecodeError:
-            return False
+            return None
         usage = chunk.get("usage") if isinstance(chunk, dict) else None
         if not isinstance(usage, dict):
-            return False
+            return None
         self.usage = usage_from_chat(usage)
-        return not self.keep and not chunk.get("choices")
+        if self.keep:
+            return None
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or all(_says_nothing(choice) for choice in choices):
+            return b""
+        del chunk["usage"]
+        return data_frame(chunk)
+
+
+def _says_nothing(choice: object) -> bool:
+    """A choice with no delta content, no finish_reason and no logprobs."""
+    if not isinstance(choice, dict):
+        return True
+    delta = choice.get("delta")
+    return not choice.get("finish_reason") and not choice.get("logprobs") and not (
+        isinstance(delta, dict) and any(delta.values()))
 
 
 def _raise_on_error_envelope(block: bytes) -> None:

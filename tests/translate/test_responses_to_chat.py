@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.providers.chat_to_anthropic import TranslationError
-from proxy.providers.responses_to_chat import responses_to_chat
+from proxy.translate.chat_to_anthropic import TranslationError
+from proxy.translate.responses_to_chat import responses_to_chat
 
 FN = {"type": "function", "name": "get_weather", "description": "Weather now",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -8,7 +8,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.providers.chat_to_messages import OpenAIStreamError, OpenAIStreamToAnthropic, openai_to_anthropic_response
+from proxy.translate.chat_to_messages import OpenAIStreamError, OpenAIStreamToAnthropic, openai_to_anthropic_response
 
 
 def completion(message: dict[str, Any], finish: str, **usage: Any) -> dict[str, Any]:

@@ -6,14 +6,14 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from proxy.providers.anthropic_to_chat import (
+from proxy.translate.anthropic_to_chat import (
     AnthropicStreamError,
     AnthropicStreamToOpenAI,
     anthropic_error_to_openai,
     anthropic_to_openai_response,
     is_anthropic_context_overflow,
 )
-from proxy.providers.sse import SseDecoder
+from proxy.translate.sse import SseDecoder
 
 
 def message(content: list[dict[str, Any]], stop: str, **usage: int) -> dict[str, Any]:

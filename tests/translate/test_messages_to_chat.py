@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from proxy.providers.chat_to_anthropic import TranslationError
-from proxy.providers.messages_to_chat import anthropic_to_openai_request
+from proxy.translate.chat_to_anthropic import TranslationError
+from proxy.translate.messages_to_chat import anthropic_to_openai_request
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 WEATHER_TOOL = {
@@ -253,5 +253,6 @@ def test_untranslatable_request(body: dict[str, Any], words: str) -> None:
 def test_a_system_prompt_with_a_non_text_block_is_refused_in_anthropics_words() -> None:
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
             "system": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}
-    with pytest.raises(TranslationError, match=r"^system: only text blocks are supported here$"):
+    with pytest.raises(TranslationError, match=r"^only text blocks can be translated here") as info:
         anthropic_to_openai_request(body, "m")
+    assert info.value.param == "system"

@@ -17,7 +17,9 @@ import orjson
 from ..errors import FirstbyteError
 
 __all__ = [
+    "JSON_TOOL",
     "TranslationError",
+    "json_tool_of",
     "openai_to_anthropic_request",
     "parse_arguments",
 ]
@@ -42,7 +44,15 @@ def tool_use_of(call: Json) -> Json:
 
 
 class TranslationError(FirstbyteError):
-    """A request that has no faithful equivalent in the other API (answer it as a 400)."""
+    """A request that has no faithful equivalent in the other API (answer it as a 400).
+
+    ``param`` names the request field at fault (``messages[2].content``), for the error's
+    ``param``; the message says what the client can do instead."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
 
 
 # --- request: OpenAI -> Anthropic -------------------------------------------------------------
@@ -51,7 +61,7 @@ class TranslationError(FirstbyteError):
 def openai_to_anthropic_request(body: Json, model: str, default_max_tokens: int) -> Json:
     """Build a Messages API request; Anthropic requires ``max_tokens``, hence the default."""
     if body.get("n") not in (None, 1):
-        raise TranslationError("n > 1 is not supported by Anthropic targets")
+        raise TranslationError("n", "n > 1 has no Anthropic equivalent; send n: 1 (or several requests)")
     system: list[str] = []
     turns: list[Json] = []
     for i, message in enumerate(body.get("messages") or []):
@@ -67,7 +77,8 @@ def openai_to_anthropic_request(body: Json, model: str, default_max_tokens: int)
         elif role == "tool":
             _add_turn(turns, "user", [_tool_result(message, i)])
         else:
-            raise TranslationError(f"messages[{i}].role {role!r} is not supported")
+            raise TranslationError(f"messages[{i}].role", f"role {role!r} has no Anthropic equivalent; use "
+                                   "system, developer, user, assistant or tool")
 
     out: Json = {"model": model, "messages": turns}
     if system:
@@ -86,7 +97,16 @@ def openai_to_anthropic_request(body: Json, model: str, default_max_tokens: int)
         out["stream"] = bool(body["stream"])
     if body.get("user"):
         out["metadata"] = {"user_id": body["user"]}
-    if body.get("tools"):
+    _add_tools(out, body)
+    return out
+
+
+def _add_tools(out: Json, body: Json) -> None:
+    """The client's tools and tool_choice, or the forced tool of a JSON answer."""
+    json_tool = _json_tool(body.get("response_format"), bool(body.get("tools")))
+    if json_tool is not None:
+        out["tools"], out["tool_choice"] = [json_tool], {"type": "tool", "name": JSON_TOOL}
+    elif body.get("tools"):
         out["tools"] = [_tool(tool, i) for i, tool in enumerate(body["tools"])]
         choice = _tool_choice(body.get("tool_choice"))
         if body.get("parallel_tool_calls") is False:
@@ -95,7 +115,51 @@ def openai_to_anthropic_request(body: Json, model: str, default_max_tokens: int)
                 choice["disable_parallel_tool_use"] = True
         if choice:
             out["tool_choice"] = choice
-    return out
+
+
+# --- structured output: response_format as a forced tool ------------------------------------------
+
+# The tool an Anthropic target is made to call when the client asked for JSON: its input is the
+# answer (the tool's schema is the client's), and the way back makes it the message's content.
+JSON_TOOL = "json_answer"
+
+
+def json_tool_of(body: Json) -> str | None:
+    """``JSON_TOOL`` when the request asked for JSON output, so the answer's tool call is read back
+    as its content. ``body`` is the client's: chat (``response_format``) or Responses
+    (``text.format``), which reaches the Anthropic adapter through its chat translation."""
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict):
+        text = body.get("text")
+        fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    return JSON_TOOL if kind in ("json_schema", "json_object") else None
+
+
+def _json_tool(fmt: Any, has_tools: bool) -> Json | None:
+    """The forced tool that carries a ``json_schema`` or ``json_object`` answer (Anthropic has no
+    response_format; other gateways do the same), or None for text."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in (None, "text"):
+        return None
+    if kind not in ("json_schema", "json_object"):
+        raise TranslationError("response_format.type", f"response_format type {kind!r} has no Anthropic "
+                               "equivalent; use text, json_object or json_schema")
+    if has_tools:
+        raise TranslationError("response_format", "response_format together with tools has no Anthropic "
+                               "equivalent (the answer is sent as a forced tool call); send one of the two, "
+                               "or route to an OpenAI-compatible target")
+    spec = fmt.get("json_schema") if kind == "json_schema" else None
+    schema = (spec or {}).get("schema") if isinstance(spec, dict) else None
+    if schema is None:
+        schema = {"type": "object"}
+    elif not isinstance(schema, dict) or schema.get("type") != "object":
+        raise TranslationError("response_format.json_schema.schema", "an Anthropic target takes a JSON schema "
+                               "whose top level is an object; wrap the value in an object property")
+    description = "Answer by calling this tool: its input is the whole answer, as JSON."
+    if isinstance(spec, dict) and isinstance(spec.get("description"), str):
+        description += " " + spec["description"]
+    return {"name": JSON_TOOL, "description": description, "input_schema": schema}
 
 
 def text_of(content: Any, where: str, unit: str = "parts") -> str:
@@ -108,7 +172,7 @@ def text_of(content: Any, where: str, unit: str = "parts") -> str:
     texts = []
     for part in content:
         if part.get("type") != "text":
-            raise TranslationError(f"{where}: only text {unit} are supported here")
+            raise TranslationError(where, f"only text {unit} can be translated here; send text")
         texts.append(part.get("text") or "")
     return "\n\n".join(t for t in texts if t)
 
@@ -143,7 +207,8 @@ def _user_content(content: Any, i: int) -> str | list[Json]:
             url = image if isinstance(image, str) else (image or {}).get("url", "")
             blocks.append(_image_block(url, i))
         else:
-            raise TranslationError(f"messages[{i}]: content part {kind!r} has no Anthropic equivalent")
+            raise TranslationError(f"messages[{i}].content", f"content part {kind!r} has no Anthropic "
+                                   "equivalent; send text or image_url parts")
     return blocks
 
 
@@ -152,14 +217,15 @@ def _image_block(url: str, i: int) -> Json:
         header, comma, data = url[5:].partition(",")
         media_type, _, params = header.partition(";")
         if not comma or "base64" not in params.split(";"):
-            raise TranslationError(f"messages[{i}]: image data URL must be base64-encoded")
+            raise TranslationError(f"messages[{i}].content", "an image data URL must be base64-encoded "
+                                   "(data:image/png;base64,...)")
         return {
             "type": "image",
             "source": {"type": "base64", "media_type": media_type, "data": data},
         }
     if url.startswith(("http://", "https://")):
         return {"type": "image", "source": {"type": "url", "url": url}}
-    raise TranslationError(f"messages[{i}]: image_url must be a data: or http(s) URL")
+    raise TranslationError(f"messages[{i}].content", "image_url must be a data: or http(s) URL")
 
 
 def _assistant_content(message: Json, i: int) -> str | list[Json]:
@@ -200,7 +266,8 @@ def _tool_result(message: Json, i: int) -> Json:
 
 def _tool(tool: Json, i: int) -> Json:
     if tool.get("type") != "function":
-        raise TranslationError(f"tools[{i}]: only function tools are supported")
+        raise TranslationError(f"tools[{i}].type", "only function tools have an Anthropic equivalent; "
+                               "leave this tool out")
     function = tool.get("function") or {}
     out: Json = {"name": function.get("name")}
     if function.get("description"):
@@ -221,4 +288,5 @@ def _tool_choice(choice: Any) -> Json | None:
         return {"type": "none"}
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "tool", "name": (choice.get("function") or {}).get("name")}
-    raise TranslationError(f"tool_choice {choice!r} is not supported")
+    raise TranslationError("tool_choice", f"tool_choice {choice!r} has no Anthropic equivalent; use auto, "
+                           "none, required or a function")

@@ -12,15 +12,28 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import aiohttp
 
 from ..bounds import YIELD_EVERY
 from ..config import Provider
-from ..providers.base import UpstreamRequest
 from ..scrub import Scrubber
-from .http1 import Answer, ConnectFailed, MalformedAnswer, Pool
+from .connection import InterimFlood
+from .http1 import Answer, BadStatus, ConnectFailed, MalformedAnswer, Pool
+
+
+@dataclass(slots=True)  # built per request: a frozen init costs about three times as much
+class UpstreamRequest:
+    """What an adapter built for one target, as it goes on the wire (``extra``: what an in-process
+    transport reads instead of bytes)."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    body: bytes
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Upstream(Protocol):
@@ -71,6 +84,10 @@ def failure_of(exc: BaseException) -> tuple[str, str] | None:
         return "timeout", "upstream did not answer in time"
     if isinstance(exc, ConnectFailed):
         return exc.kind, exc.message
+    if isinstance(exc, BadStatus):
+        return "bad upstream status", str(exc)
+    if isinstance(exc, InterimFlood):
+        return "interim flood", str(exc)
     if isinstance(exc, MalformedAnswer):
         return "reset", f"upstream sent a malformed answer: {exc}"
     if isinstance(exc, ssl.SSLError):
@@ -90,7 +107,7 @@ def break_of(exc: BaseException) -> str:
 
 
 class HttpUpstream:
-    """An answer of :mod:`proxy.walk.http1` as an :class:`Upstream`.
+    """An answer of :mod:`proxy.upstream.http1` as an :class:`Upstream`.
 
     An identity body is read with aiohttp's own ``readany`` (no wrapper per
     chunk: this is the relay's hot path). A compressed one is inflated by aiohttp
@@ -147,7 +164,7 @@ class HttpUpstream:
 
 
 class HttpTransport:
-    """Upstream calls over :class:`~proxy.walk.http1.Pool`: the only deadline it keeps is the
+    """Upstream calls over :class:`~proxy.upstream.http1.Pool`: the only deadline it keeps is the
     connect one; first chunk, idle and total are kept by ``proxy.walk.deadlines``, without a
     timer armed per attempt or re-armed on every read."""
 

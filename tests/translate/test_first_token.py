@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from proxy.errors import StreamTooLarge
-from proxy.providers.first_token import (
+from proxy.translate.first_token import (
     COMMITTED,
     MAX_OPENING,
     AnthropicFirstToken,

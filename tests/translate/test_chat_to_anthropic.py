@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from proxy.providers.chat_to_anthropic import TranslationError, openai_to_anthropic_request
+from proxy.translate.chat_to_anthropic import TranslationError, openai_to_anthropic_request
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 
@@ -282,5 +282,6 @@ def test_untranslatable_request(body: dict[str, Any], words: str) -> None:
 def test_a_system_message_with_a_non_text_part_is_refused_in_openais_words() -> None:
     image = {"type": "image_url", "image_url": {"url": "x"}}
     body = {"model": "m", "messages": [{"role": "system", "content": [image]}, {"role": "user", "content": "hi"}]}
-    with pytest.raises(TranslationError, match=r"^messages\[0\]: only text parts are supported here$"):
+    with pytest.raises(TranslationError, match=r"^only text parts can be translated here") as info:
         openai_to_anthropic_request(body, "claude-x", 1024)
+    assert info.value.param == "messages[0]"

@@ -17,7 +17,7 @@ from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamError, StreamTooLarge
 from ..memory import trim
 
-__all__ = ["DONE", "ChatChunkFeed", "SseDecoder", "data_frame", "event_frame"]
+__all__ = ["DONE", "ChatChunkFeed", "SseDecoder", "data_frame", "event_frame", "openai_error_event"]
 
 Json = dict[str, Any]
 
@@ -26,6 +26,12 @@ DONE = b"data: [DONE]\n\n"
 
 def data_frame(payload: Json) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def openai_error_event(message: str) -> bytes:
+    """The relay's closing error event in OpenAI's stream shape."""
+    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
+    return data_frame(err)
 
 
 def event_frame(kind: str, payload: Json) -> bytes:

@@ -9,7 +9,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.providers.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response
+from proxy.translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response
 
 from ..conftest import chunk_event, sse
 from .test_responses_to_chat import FN
