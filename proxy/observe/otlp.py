@@ -15,7 +15,7 @@ import functools
 import struct
 from collections.abc import Iterable, Sequence
 
-__all__ = ["CLIENT", "ERROR", "SERVER", "attr", "export_request", "known", "scope", "span"]
+__all__ = ["CLIENT", "ERROR", "SERVER", "attr", "export_request", "known", "scope", "seconds", "span"]
 
 SERVER, CLIENT = 2, 3  # Span.SpanKind
 ERROR = 2  # Status.StatusCode
@@ -84,21 +84,44 @@ def known(key: str, value: str | bool | int) -> bytes:
     return attr(key, value)
 
 
-def span(trace_id: int, span_id: int, parent_id: int | None, name: str, kind: int, start_ns: int, end_ns: int,
+@functools.lru_cache(maxsize=256)
+def _seconds_prefix(key: str) -> bytes:
+    """Everything of a double attribute but its 8 bytes: its size does not depend on the value."""
+    return attr(key, 0.0)[:-8]
+
+
+def seconds(key: str, value: float) -> bytes:
+    """A double attribute (a duration), the hot case: one cached prefix and the value."""
+    return _seconds_prefix(key) + _PACK_D(value)
+
+
+_PACK_D = struct.Struct("<d").pack
+_PACK_Q = struct.Struct("<Q").pack
+_TRACE, _SPAN, _STATE, _PARENT, _NAME = (_tag(n, _LEN) for n in (1, 2, 3, 4, 5))
+_KIND = {SERVER: _tag(6, _VARINT) + _varint(SERVER), CLIENT: _tag(6, _VARINT) + _varint(CLIENT)}
+_START, _END = _tag(7, _FIXED64), _tag(8, _FIXED64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _status(code: int, message: str) -> bytes:
+    return _bytes(15, _bytes(2, message.encode("utf-8", "replace")) + _tag(3, _VARINT) + _varint(code))
+
+
+def span(trace_id: bytes, span_id: int, parent_id: int | None, name: str, kind: int, start_ns: int, end_ns: int,
          attributes: bytes, status: tuple[int, str] | None = None, trace_state: str | None = None) -> bytes:
-    """A ``Span`` message; ``attributes`` is the concatenation of :func:`attr` results."""
-    out = _bytes(1, trace_id.to_bytes(16, "big")) + _bytes(2, span_id.to_bytes(8, "big"))
+    """A ``Span`` message; ``trace_id`` is its 16 bytes (one per request, shared by its spans),
+    ``attributes`` the concatenation of :func:`attr` results."""
+    parts = [_TRACE, b"\x10", trace_id, _SPAN, b"\x08", span_id.to_bytes(8, "big")]
     if trace_state:
-        out += _bytes(3, trace_state.encode())
+        parts.append(_bytes(3, trace_state.encode()))
     if parent_id:
-        out += _bytes(4, parent_id.to_bytes(8, "big"))
-    out += (_bytes(5, name.encode("utf-8", "replace")) + _tag(6, _VARINT) + _varint(kind)
-            + _tag(7, _FIXED64) + struct.pack("<Q", start_ns) + _tag(8, _FIXED64) + struct.pack("<Q", end_ns)
-            + attributes)
+        parts += (_PARENT, b"\x08", parent_id.to_bytes(8, "big"))
+    encoded = name.encode("utf-8", "replace")
+    parts += (_NAME, _varint(len(encoded)), encoded, _KIND[kind], _START, _PACK_Q(start_ns), _END, _PACK_Q(end_ns),
+              attributes)
     if status is not None:
-        code, message = status
-        out += _bytes(15, _bytes(2, message.encode("utf-8", "replace")) + _tag(3, _VARINT) + _varint(code))
-    return out
+        parts.append(_status(*status))
+    return b"".join(parts)
 
 
 def export_request(resource: bytes, scope: bytes, spans: Iterable[bytes]) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -29,7 +30,7 @@ from ..config import Config, Tracing
 from ..routing.decision import RACE_WORDS, Attempt, Decision
 from ..traceparent import TraceContext
 from . import Finished
-from .otlp import CLIENT, ERROR, SERVER, attr, export_request, known, scope, span
+from .otlp import CLIENT, ERROR, SERVER, attr, export_request, known, scope, seconds, span
 
 __all__ = ["Traces"]
 
@@ -95,12 +96,14 @@ class Traces:
             return
         start = int(finished.started * _NS)
         end = start + int(finished.total * _NS)
-        out = [self._request_span(finished, ctx, start, end)]
+        trace_id = ctx.trace_id.to_bytes(16, "big")
         d = finished.decision
+        usage = b"" if d is None else _usage(d)
+        out = [self._request_span(finished, ctx, trace_id, start, end, usage)]
         if d is not None:
             for attempt, span_id, began in _paired(d, ctx):
                 t0 = start if began is None else start + int((began - ctx.t0) * _NS)
-                out.append(self._attempt_span(finished, d, ctx, attempt, span_id, t0, end))
+                out.append(self._attempt_span(finished, d, ctx, trace_id, attempt, span_id, t0, end, usage))
         room = self.tracing.queue - len(self.queue)
         if room < len(out):
             self.dropped += len(out)
@@ -109,7 +112,8 @@ class Traces:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="firstbyte-traces")
 
-    def _request_span(self, f: Finished, ctx: TraceContext, start: int, end: int) -> bytes:
+    def _request_span(self, f: Finished, ctx: TraceContext, trace_id: bytes, start: int, end: int,
+                      usage: bytes) -> bytes:
         d = f.decision
         op = OPERATIONS.get(f.operation, f.operation or "chat")
         route = d.route if d is not None else (f.asked or "")
@@ -119,25 +123,25 @@ class Traces:
         if d is not None:
             a += (known("firstbyte.route", d.route) + known("firstbyte.strategy", d.strategy)
                   + attr("firstbyte.request_id", d.id) + attr("firstbyte.decision", d.header())
-                  + attr("firstbyte.order", [r.name for r in d.order])
+                  + _names("firstbyte.order", tuple(r.name for r in d.order))
                   + known("firstbyte.first_reason", d.first_reason) + known("firstbyte.failovers", d.failovers)
-                  + _usage(d))
+                  + usage)
             if d.excluded:
                 a += attr("firstbyte.excluded", [f"{e.name}({e.reason})" for e in d.excluded])
             if d.served:
                 a += known("firstbyte.served", d.served)
         if f.ttfc is not None:
-            a += attr("firstbyte.time_to_first_byte_s", round(f.ttfc, 6))
+            a += seconds("firstbyte.time_to_first_byte_s", f.ttfc)
         status = None
         if f.status >= 400:
             a += known("error.type", f.error or str(f.status))
             if f.status >= 500:  # a server span's error: the gateway's, not the client's
                 status = (ERROR, f.error or str(f.status))
-        return span(ctx.trace_id, ctx.span_id, ctx.parent_id, f"{op} {route}", SERVER, start, end, a, status,
+        return span(trace_id, ctx.span_id, ctx.parent_id, f"{op} {route}", SERVER, start, end, a, status,
                     ctx.tracestate)
 
-    def _attempt_span(self, f: Finished, d: Decision, ctx: TraceContext, a: Attempt, span_id: int, start: int,
-                      request_end: int) -> bytes:
+    def _attempt_span(self, f: Finished, d: Decision, ctx: TraceContext, trace_id: bytes, a: Attempt, span_id: int,
+                      start: int, request_end: int, usage: bytes) -> bytes:
         model, fixed = self._targets.get(a.name, ("", attr("firstbyte.target", a.name)))
         op = OPERATIONS.get(f.operation, f.operation or "chat")
         b = (known("gen_ai.operation.name", op) + fixed + known("firstbyte.attempt.outcome", a.outcome)
@@ -145,7 +149,7 @@ class Traces:
         if a.outcome.isdigit():
             b += known("http.response.status_code", int(a.outcome))
         if a.ttfc is not None:
-            b += attr("firstbyte.time_to_first_token_s", round(a.ttfc, 6))
+            b += seconds("firstbyte.time_to_first_token_s", a.ttfc)
         for name, role in d.race:
             if name == a.name:
                 b += known("firstbyte.race.role", role)
@@ -154,12 +158,12 @@ class Traces:
         # a racer's end (lost, measured…) is no failure; a status from 400 up and a failure word are
         failed = int(a.outcome) >= 400 if a.outcome.isdigit() else a.outcome not in RACE_WORDS
         if served:
-            b += known("gen_ai.response.model", model or a.name) + _usage(d)
+            b += known("gen_ai.response.model", model or a.name) + usage
         elif failed:
             b += known("error.type", a.outcome)
         # The served attempt goes on until the answer has been relayed; the others end when settled.
         end = max(request_end, start) if served else start + int(a.seconds * _NS)
-        return span(ctx.trace_id, span_id, ctx.span_id, f"{op} {model or a.name}", CLIENT, start, end, b,
+        return span(trace_id, span_id, ctx.span_id, f"{op} {model or a.name}", CLIENT, start, end, b,
                     (ERROR, a.outcome) if failed else None, ctx.tracestate)
 
     async def _run(self) -> None:
@@ -213,8 +217,14 @@ def _usage(d: Decision) -> bytes:
                          ("completion_tokens", "gen_ai.usage.output_tokens")):
         count = d.usage.get(ours)
         if isinstance(count, int):
-            out += attr(theirs, count)
+            out += known(theirs, count)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(key: str, names: tuple[str, ...]) -> bytes:
+    """An order of targets: a route's few orders, encoded once each."""
+    return attr(key, names)
 
 
 def _paired(d: Decision, ctx: TraceContext) -> Iterator[tuple[Attempt, int, float | None]]:
