@@ -193,11 +193,11 @@ class Seeing:
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.sink.serve_forever, daemon=True)]
 
-    def watch(self, port: int) -> None:
-        """Poll the status page's data until stopped."""
+    def watch(self, port: int, poll: bool = True) -> None:
+        """Start the sink and (``poll``) the status page's poller."""
         import urllib.request
 
-        def poll() -> None:
+        def polling() -> None:
             while not self.stop.wait(1.0):
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status/data", timeout=5) as r:
@@ -206,7 +206,8 @@ class Seeing:
                 except OSError:
                     self.seen["poll_errors"] += 1
 
-        self.threads.append(threading.Thread(target=poll, daemon=True))
+        if poll:
+            self.threads.append(threading.Thread(target=polling, daemon=True))
         for t in self.threads:
             t.start()
 

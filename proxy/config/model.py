@@ -259,7 +259,7 @@ class Connections:
 
 @dataclass(frozen=True, slots=True)
 class Tracing:
-    """OpenTelemetry traces (``tracing:``, needs ``firstbyte[otel]``): spans go by OTLP/HTTP to
+    """OpenTelemetry traces (``tracing:``): spans go by OTLP/HTTP to
     ``otlp`` (a collector's ``/v1/traces``). ``sample`` is the share of new traces kept; a
     request that arrives with a ``traceparent`` follows its caller's choice."""
 

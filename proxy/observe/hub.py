@@ -22,10 +22,10 @@ from .history import History
 from .ledger import Ledger
 from .metrics import Metrics, hedged_from_config, names_from_config
 from .outbox import Outbox
+from .tracing import Traces
 
 if TYPE_CHECKING:
     from ..state.snapshot import TargetFigures
-    from .tracing import Traces
 
 log = logging.getLogger("firstbyte")
 
@@ -149,10 +149,6 @@ class Hub:
 
 
 def _traces(config: Config) -> Traces | None:
-    """The span exporter when ``tracing`` is set; imported only then (the SDK is an extra)."""
-    if config.tracing is None:
-        return None
-    from .tracing import Traces
-
-    return Traces(config.tracing, config)
+    """The span exporter when ``tracing`` is set."""
+    return None if config.tracing is None else Traces(config.tracing, config)
 
