@@ -16,7 +16,7 @@ real requests get empty replies; and it answers its own parser's errors
 - a response the client takes nothing of for ``send_timeout`` (the transport past its
   high-water mark, and the kernel's queue for the client no shorter: it stopped reading) is
   cut with a reset: the handler is cancelled, its upstream call and concurrency slot freed, and
-  the exchange logged as the client's doing (:func:`client_fault`), never the target's;
+  the exchange logged as the client's doing (``relay.client_fault``), never the target's;
 - at ``max`` open connections the one idle longest between requests (a keep-alive connection
   with no request under way) is closed to make room: a client pool reconnects, and idle
   connections cannot lock new clients out;
@@ -54,7 +54,7 @@ from ..sockets import reset, unsent
 from .dialect import OPENAI, error_bytes
 from .request import BodyTimeout
 
-__all__ = ["Guard", "GuardedRunner", "client_fault", "fd_budget", "raise_fd_limit"]
+__all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
 
 log = logging.getLogger("firstbyte")
 
@@ -202,12 +202,6 @@ async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
     response = web.Response(body=body, status=503, content_type=JSON, headers={"Retry-After": "1"})
     response.force_close()
     return response
-
-
-def client_fault(request: web.BaseRequest) -> str | None:
-    """Why the guard cut this request's connection, when it was the client's doing (it stopped
-    reading); None when the client simply left or the connection is not guarded."""
-    return getattr(request.protocol, "fault", None)
 
 
 class GuardedHandler(RequestHandler):
