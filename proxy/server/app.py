@@ -106,9 +106,9 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
             op, ex.stream, None if ex.first_sent is None else ex.first_sent - ex.t0, end - ex.t0,
             ex.sent, ex.error, ex.rid, ex.asked, ex.trace)
         if ex.settling is None:
-            gw.finished(finished)
+            gw.outbox.finished(finished)
         else:
-            gw.finished_when_settled(finished, ex.settling)
+            gw.outbox.finished_when_settled(finished, ex.settling)
 
 
 def _in_anthropic_shape(response: web.StreamResponse, ex: Exchange) -> web.StreamResponse:
@@ -152,7 +152,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ex.status = walked.status
     headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id}, gw.scrubber)
     try:
-        return await relay_stream(request, lease, walked.status, headers, gw.clock, ex)
+        return await relay_stream(request, lease, walked.status, headers, gw.clock, ex, gw.scrubber)
     finally:  # even when the client left early
         ex.decision = priced(decision, lease.target.price, lease.translator.usage, attempts=attempts,
                              served=served, status=walked.status, race=race, _header=header)
@@ -256,7 +256,7 @@ def log_answer(gw: Gateway, request: web.Request, response: web.StreamResponse, 
         error = _error_code(body)
     rid = response.headers.get("x-request-id")
     now = gw.clock()
-    gw.finished(Finished(None, time.time() - (now - t0), request.remote or "-", request.method, request.path,
+    gw.outbox.finished(Finished(None, time.time() - (now - t0), request.remote or "-", request.method, request.path,
                          response.status, "", False, now - t0, now - t0, size, error, rid))
 
 
