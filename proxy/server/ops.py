@@ -162,9 +162,7 @@ async def explain(request: web.Request) -> web.Response:
             **signals.get(target.name, {}),
         })
     return json_response({
-        "route": name,
-        "strategy": route.strategy,
-        "mode": mode,
+        "route": name, "strategy": route.strategy, "mode": mode,
         "fleet": _fleet(gw),
         **({"cost_basis": basis} if basis else {}),
         **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
