@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from .config import Config
 from .config.loaded import Loaded
+from .fleet import FleetLink
 from .observe import Observer
 from .observe.cost_refresher import CostRefresher
 from .observe.outbox import Outbox
@@ -61,6 +62,7 @@ class Gateway:
         self.walker: Walker | None = None
         self.costs: CostRefresher | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.fleet: FleetLink | None = None  # with state.redis: the link to the other instances
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -83,6 +85,8 @@ class Gateway:
         self.randoms.apply(config.routes)
         self.config = config
         self.loaded.at = time.time()
+        if self.fleet is not None:
+            self.fleet.configure(config)
 
     def rng(self, route: str) -> random.Random:
         return self.randoms.of(route)
@@ -91,13 +95,17 @@ class Gateway:
         # No cookie jar, no redirects, no User-Agent: one pool serves every client, and an
         # upstream's Set-Cookie for one client's call must never ride along on another's.
         self.pool = Pool()
-        http = HttpTransport(self.pool, self.scrubber)
+        http = HttpTransport(self.pool)
         self.walker = Walker(self.state, transports(http), clock=self.clock, deadlines=self.deadlines,
-                             limiters=self.limiters)
+                             limiters=self.limiters, scrubber=self.scrubber)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         # Measured cost per call for the score strategy, from whatever ledger the config names now.
         self.costs = CostRefresher(lambda: self.config.ledger.path, self.state)
         self.costs.start()
+        if self.config.state.redis is not None:  # warm start: the fleet's figures before we say ready
+            self.fleet = FleetLink(self.config.state, self.state, self.clock)
+            self.fleet.configure(self.config)
+            await self.fleet.start()
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -106,6 +114,8 @@ class Gateway:
             self.walker.close()
         if self.costs is not None:
             await self.costs.close()
+        if self.fleet is not None:
+            await self.fleet.close()
         self.outbox.notify()  # what finished during the drain reaches the observers; their owner closes them
         if self.pool is not None:
             self.pool.close()

@@ -88,7 +88,7 @@ class Service:
         old = self.gateway.config
         fixed = {"listen": (config.listen, old.listen), "ops_listen": (config.ops_listen, old.ops_listen),
                  "shutdown_grace": (config.shutdown_grace, old.shutdown_grace),
-                 "connections": (config.connections, old.connections)}
+                 "connections": (config.connections, old.connections), "state": (config.state, old.state)}
         try:
             self.gateway.apply(config)
             await self.hub.reconfigure(config, self.gateway.outbox)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,6 +18,8 @@ from proxy.gateway import Gateway
 from proxy.routing.decision import ParsedDecision, parse_header
 from proxy.server.app import build_app
 from proxy.server.listener import Guard, GuardedRunner
+
+from .redis_server import RedisServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -291,3 +294,24 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("fault drill")
         for line in drill.FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server per test session (persistence off, a password required); each test
+    names its own fleet, so tests never read each other's keys."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may kill and start again."""
+    server = RedisServer(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..config import Config
 from ..config.loaded import Loaded
+from ..fleet import FleetLink, instance_name
 from . import Observer
 from .accesslog import AccessLog
 from .history import History
 from .ledger import Ledger
 from .metrics import Metrics, hedged_from_config, names_from_config
 from .outbox import Outbox
+from .tracing import Traces
 
 if TYPE_CHECKING:
     from ..state.snapshot import TargetFigures
-    from .tracing import Traces
 
 log = logging.getLogger("firstbyte")
 
@@ -43,13 +44,17 @@ class Hub:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.connections: list[Counted] = []  # each listener's guard, registered where it is built
-        self.access_log = AccessLog(config.access_log)
+        # In a fleet each log line and ledger row says which instance served (fixed until restart,
+        # like state.redis itself).
+        self.instance = instance_name() if config.state.redis else None
+        self.access_log = AccessLog(config.access_log, instance=self.instance)
         self.metrics = Metrics.from_config(config)
         self.history = History(config)
         self.traces = _traces(config)
         self.ledger: Ledger | None = None
         if config.ledger.path:
-            self.ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
+            self.ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue,
+                                 instance=self.instance or "")
 
     @property
     def observers(self) -> list[Observer]:
@@ -84,7 +89,7 @@ class Hub:
             self.traces.reconfigure(config)  # the targets' models and providers, for attempt spans
         if config.access_log != old.access_log:
             retired.append(self.access_log)
-            self.access_log = AccessLog(config.access_log)
+            self.access_log = AccessLog(config.access_log, instance=self.instance)
         else:
             self.access_log.reopen()  # after logrotate, SIGHUP reopens the file
         if config.ledger != old.ledger:
@@ -92,7 +97,8 @@ class Hub:
                 retired.append(self.ledger)
             self.ledger = None
             if config.ledger.path:
-                ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
+                ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue,
+                                instance=self.instance or "")
                 try:
                     await ledger.start()
                 except Exception as exc:
@@ -106,9 +112,11 @@ class Hub:
             except Exception:
                 log.exception("observer %s failed to close", type(observer).__name__)
 
-    def scrape(self, snapshot: Iterable[TargetFigures], routes: Iterable[str], loaded: Loaded) -> tuple[bytes, str]:
+    def scrape(self, snapshot: Iterable[TargetFigures], routes: Iterable[str], loaded: Loaded,
+               link: FleetLink | None = None) -> tuple[bytes, str]:
         """Render /metrics after copying the state's ``snapshot`` (per target, and healthy targets
-        per one of ``routes``), the config's load and reloads and the listeners' connections into its gauges."""
+        per one of ``routes``), the config's load and reloads, the fleet ``link`` and the listeners'
+        connections into its gauges."""
         seen: set[str] = set()
         healthy = dict.fromkeys(routes, 0)  # per route: breaker closed, no Retry-After cooling
         for figures in snapshot:
@@ -126,6 +134,8 @@ class Hub:
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
         self.metrics.set_reload(loaded.ok, loaded.at, loaded.counts)
+        if link is not None:
+            self.metrics.set_fleet(link.connected, link.events_out, link.events_in, link.drops, link.lag)
         for guard in self.connections:
             self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()
@@ -139,10 +149,6 @@ class Hub:
 
 
 def _traces(config: Config) -> Traces | None:
-    """The span exporter when ``tracing`` is set; imported only then (the SDK is an extra)."""
-    if config.tracing is None:
-        return None
-    from .tracing import Traces
-
-    return Traces(config.tracing, config)
+    """The span exporter when ``tracing`` is set."""
+    return None if config.tracing is None else Traces(config.tracing, config)
 

@@ -21,7 +21,7 @@ from ..routing.score import SIGNALS, score_targets
 from ..state.budget import START
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
-from .replies import GATEWAY, HUB, error_response, json_response, request_id
+from .replies import GATEWAY, HUB, answer_every_path, error_response, json_response, request_id
 
 
 async def models(request: web.Request) -> web.Response:
@@ -56,11 +56,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    return ready(request.app[GATEWAY])
+
+
+def ready(gw: Gateway, full: bool = True) -> web.Response:
+    """200 while the config is loaded and the gateway is not draining (503 then); ``full`` adds the
+    config's path and the number of routes, which a keyed main listener tells only key holders."""
     if gw.draining:
         return json_response({"status": "draining"}, status=503)
-    return json_response({"status": "ready", "config": gw.config.source,
-                          "routes": len(gw.config.routes)})
+    if not full:
+        return json_response({"status": "ready"})
+    return json_response({"status": "ready", "config": gw.config.source, "routes": len(gw.config.routes)})
 
 
 def _figures(figures: TargetFigures) -> dict[str, Any]:
@@ -73,7 +79,8 @@ def _figures(figures: TargetFigures) -> dict[str, Any]:
 async def health(request: web.Request) -> web.Response:
     """Every target of every route: figures per mode, breaker, failures, in flight, read from the
     state's snapshot like the metrics scrape."""
-    return json_response({"targets": health_rows(request.app[GATEWAY])})
+    gw = request.app[GATEWAY]
+    return json_response({"fleet": _fleet(gw), "targets": health_rows(gw)})
 
 
 def health_rows(gw: Gateway) -> list[dict[str, Any]]:
@@ -99,8 +106,19 @@ def health_rows(gw: Gateway) -> list[dict[str, Any]]:
             # seconds the load fit moves the streamed figure by now (0 when it is off): the planner's
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
+            **_fleet_in_flight(gw, target.key),
         })
     return out
+
+
+def _fleet(gw: Gateway) -> dict[str, Any]:
+    """In the fleet or alone, and since when (``off`` without ``state.redis``)."""
+    return {"state": "off"} if gw.fleet is None else gw.fleet.status()
+
+
+def _fleet_in_flight(gw: Gateway, key: Any) -> dict[str, int]:
+    """The other instances' calls in flight at the target, as they last said (in a fleet only)."""
+    return {} if gw.fleet is None else {"fleet_in_flight": gw.fleet.fleet_in_flight(key)}
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -147,6 +165,7 @@ async def explain(request: web.Request) -> web.Response:
         "route": name,
         "strategy": route.strategy,
         "mode": mode,
+        "fleet": _fleet(gw),
         **({"cost_basis": basis} if basis else {}),
         **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
         "order": order,
@@ -201,7 +220,7 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     snapshot = gw.state.snapshot(gw.config, gw.clock())
-    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, gw.loaded)
+    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, gw.loaded, gw.fleet)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
@@ -225,7 +244,7 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
         add_status_routes(app, main=False)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/routes/{route}/explain", explain)
-    app.router.add_route("*", "/{tail:.*}", not_an_ops_endpoint)
+    answer_every_path(app, not_an_ops_endpoint)
     return app
 
 
