@@ -22,15 +22,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .config import KINDS, Config
+from .internals import Internals, checked
 from .observe import Finished, Observer
 from .observe.ledger_read import measured_costs
 from .scrub import Scrubber
 from .sim.transport import SimTransport
 from .state import State
 from .walk.deadlines import Deadlines
-from .walk.http1 import Pool
 from .walk.lease import Lease
 from .walk.limiter import Limiters
+from .walk.session_pool import UpstreamPool, close_pool, upstream_pool
 from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
 
@@ -54,6 +55,7 @@ class Gateway:
         *,
         clock: Callable[[], float] = time.monotonic,
         observers: list[Observer] | None = None,
+        internals: Internals | None = None,
     ) -> None:
         self.clock = clock
         self.state = State()
@@ -62,7 +64,8 @@ class Gateway:
         self.limiters = Limiters()
         self._sweeper: asyncio.Task[None] | None = None
         self._finished: list[Finished] = []
-        self.pool: Pool | None = None
+        self.pool: UpstreamPool | None = None
+        self.internals = internals  # aiohttp's internals as checked at start (proxy/internals.py)
         self.sim = SimTransport()
         self.walker: Walker | None = None
         self.draining = False
@@ -112,7 +115,10 @@ class Gateway:
     async def start(self) -> None:
         # No cookie jar, no redirects, no User-Agent: one pool serves every client, and an
         # upstream's Set-Cookie for one client's call must never ride along on another's.
-        self.pool = Pool()
+        if self.internals is None:
+            self.internals = await checked()
+        self.internals.log()
+        self.pool = upstream_pool(self.internals)
         http = HttpTransport(self.pool, self.scrubber)
         transports: dict[str, Transport] = {kind: self.sim if kind == "simulated" else http for kind in KINDS}
         self.walker = Walker(self.state, transports, clock=self.clock, deadlines=self.deadlines,
@@ -131,7 +137,7 @@ class Gateway:
             await self.costs.close()
         self.notify_observers()  # what finished during the drain reaches the observers; their owner closes them
         if self.pool is not None:
-            self.pool.close()
+            await close_pool(self.pool)
 
     def finished(self, finished: Finished) -> None:
         """Queue a finished exchange for the observers.

@@ -127,7 +127,8 @@ class Proxy:
         """Served as ``firstbyte serve`` serves: its connections kept by the listener's guard."""
         guard = Guard(self.gateway.config.connections)
         self.gateway.guards.append(guard)
-        self.runner = GuardedRunner(build_app(self.gateway), guard, handler_cancellation=True, shutdown_timeout=1)
+        self.runner = GuardedRunner(build_app(self.gateway), guard, internals=self.gateway.internals,
+                                    handler_cancellation=True, shutdown_timeout=1)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

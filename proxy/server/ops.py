@@ -96,7 +96,8 @@ async def health(request: web.Request) -> web.Response:
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
         })
-    return json_response({"targets": out})
+    internals = gw.internals.health() if gw.internals is not None else None
+    return json_response({"targets": out, "aiohttp": internals})  # aiohttp: its internals used, or the fallback
 
 
 async def explain(request: web.Request) -> web.Response:

@@ -20,7 +20,8 @@ from ..bounds import YIELD_EVERY
 from ..config import Provider
 from ..providers.base import UpstreamRequest
 from ..scrub import Scrubber
-from .http1 import Answer, ConnectFailed, MalformedAnswer, Pool
+from .http1 import ConnectFailed, MalformedAnswer
+from .session_pool import UpstreamAnswer, UpstreamPool
 
 
 class Upstream(Protocol):
@@ -103,7 +104,7 @@ class HttpUpstream:
     __slots__ = ("_answer", "_content", "_encoded", "_pool", "_scrubber", "_unyielded", "chunk", "headers",
                  "status")
 
-    def __init__(self, answer: Answer, pool: Pool, scrubber: Scrubber | None = None) -> None:
+    def __init__(self, answer: UpstreamAnswer, pool: UpstreamPool, scrubber: Scrubber | None = None) -> None:
         self._answer = answer
         self._pool = pool
         self._content = answer.content
@@ -143,7 +144,7 @@ class HttpUpstream:
         self._content.set_exception(exc)
 
     def close(self) -> None:
-        self._pool.release(self._answer)
+        self._pool.release(self._answer)  # type: ignore[arg-type]  # the answer came from this pool
 
 
 class HttpTransport:
@@ -151,7 +152,7 @@ class HttpTransport:
     connect one; first chunk, idle and total are kept by ``proxy.walk.deadlines``, without a
     timer armed per attempt or re-armed on every read."""
 
-    def __init__(self, pool: Pool, scrubber: Scrubber | None = None) -> None:
+    def __init__(self, pool: UpstreamPool, scrubber: Scrubber | None = None) -> None:
         self.pool = pool
         self.scrubber = scrubber
 
