@@ -15,8 +15,7 @@ import yaml
 
 from proxy.providers.responses_to_chat import _NEEDS
 
-from .conftest import Proxy
-from .test_codex import CONFIG
+from .conftest import CONFIG, Proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

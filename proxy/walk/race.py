@@ -133,7 +133,9 @@ class Race:
         self.roles: list[Racer] = []
         self.task = asyncio.current_task()
 
-    async def run(self, together: int, decision: Decision) -> Walked:
+    def _open(self, together: int, decision: Decision) -> None:
+        """Who starts beside the leader, as the budget allows: the request's deposit, then an
+        explored or unmeasured first target raced, refused, or waiting behind the leader."""
         self.budget.deposit()
         if together > 1 and len(self.queue) > 1:
             first_reason = decision.first_reason
@@ -158,6 +160,9 @@ class Race:
                 self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
                 self.queue.insert(1, self.queue.pop(0))
                 self.refused = True
+
+    async def run(self, together: int, decision: Decision) -> Walked:
+        self._open(together, decision)
         try:
             if self.queue and await self._lead(self.queue.pop(0)):
                 return self._finish(self.inline)

@@ -15,7 +15,7 @@ from proxy.state import State
 from proxy.state.budget import CAP, HedgeBudget
 from proxy.state.tracker import BUFFERED
 
-from .test_plan import NOW, config, fig, t
+from .conftest import NOW, config, fig, t
 
 
 @pytest.mark.parametrize(

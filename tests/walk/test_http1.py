@@ -674,3 +674,48 @@ async def test_a_reused_connection_that_began_answering_is_not_tried_again() -> 
         pool.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_http1_does_not_send_a_request_again_that_the_upstream_was_processing() -> None:
+    """The retry is meant for a keep-alive that ran out as the request crossed it. An upstream that
+    read the request, worked on it (an LLM call: paid tokens) and then dropped the connection
+    without a byte (a crash, a proxy's idle cut) also 'sent nothing back': the pool sends the
+    whole POST a second time. Go's net/http, urllib3 and aiohttp replay only what was never
+    written or is idempotent; firstbyte must not pay twice for one call."""
+    from proxy.walk.http1 import Pool
+
+
+    processed: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head, length = await read_head(reader)
+                body = await reader.readexactly(length)
+                processed.append(body)
+                if len(processed) == 1:
+                    writer.write(reply(b"{}"))
+                    await writer.drain()
+                    continue
+                await asyncio.sleep(0.3)  # it works on the request... then dies without a word
+                return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    pool = Pool()
+    try:
+        answer = await pool.request("POST", url, {}, b'{"n":1}', 5.0)
+        await answer.content.read()
+        pool.release(answer)
+        with pytest.raises(Exception):  # noqa: B017 - any failure: the point is how many calls were made
+            await asyncio.wait_for(pool.request("POST", url, {}, b'{"n":2}', 5.0), 5)
+        second = processed.count(b'{"n":2}')
+        assert second == 1, f"the upstream processed one call {second} times"
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
