@@ -6,6 +6,7 @@ records the arguments it gets: each recorded line is one ``pip install``.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -97,3 +98,17 @@ def test_the_oldest_aiohttp_has_its_own_venv_and_constraints(tmp_path: Path) -> 
            "FIRSTBYTE_CONSTRAINTS": str(root / "constraints-oldest.txt")}
     subprocess.run(["bash", "-c", f"source {root}/scripts/_venv"], env=env, check=True, timeout=30)
     assert installs(calls) == [f"oldest -m pip install --quiet -c {root}/constraints-oldest.txt -e {root}[dev]"]
+
+
+def test_the_pinned_aiohttp_is_in_the_range_and_ci_knows_the_tests_that_reach_its_internals() -> None:
+    setup = (ROOT / "setup.cfg").read_text()
+    low, high = re.search(r"aiohttp>=([\d.]+),<([\d.]+)", setup).groups()  # type: ignore[union-attr]
+    pinned = re.search(r"^aiohttp==([\d.]+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)  # type: ignore[union-attr]
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("."))
+
+    assert version(low) <= version(pinned) < version(high)
+    facing = (ROOT / "tests" / "aiohttp_facing.txt").read_text().split()
+    assert "tests/test_internals.py" in facing and all((ROOT / name).exists() for name in facing)
+    assert "tests/aiohttp_facing.txt" in (ROOT / "scripts" / "test").read_text()
