@@ -78,7 +78,10 @@ def _load(args: argparse.Namespace) -> Config | None:
         return load_config(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return None
+    except Exception as exc:  # a bug in reading the file: still one line naming the file, never a traceback
+        print(f"{args.config}: could not be read: {type(exc).__name__}: {exc} (a firstbyte bug: "
+              "please report it with the file)", file=sys.stderr)
+    return None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -299,12 +302,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        return int(args.fn(args))
+        code = int(args.fn(args))
+        sys.stdout.flush()  # here, where a closed pipe can be caught, not at interpreter exit
+        return code
     except CliError as exc:
         print(exc, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader left (``firstbyte check | head``): stop quietly, as a command killed by SIGPIPE
+        # would. stdout goes to /dev/null so the interpreter's own last flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

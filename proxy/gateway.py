@@ -21,18 +21,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .config import KINDS, Config
+from .config import Config
 from .internals import Internals, checked
 from .observe import Finished, Observer
 from .observe.ledger_read import measured_costs
+from .providers import transports
 from .scrub import Scrubber
-from .sim.transport import SimTransport
 from .state import State
+from .upstream.session_pool import UpstreamPool, close_pool, upstream_pool
+from .upstream.transport import HttpTransport
 from .walk.deadlines import Deadlines
 from .walk.lease import Lease
 from .walk.limiter import Limiters
-from .walk.session_pool import UpstreamPool, close_pool, upstream_pool
-from .walk.transport import HttpTransport, Transport
 from .walk.walker import Walker
 
 if TYPE_CHECKING:
@@ -66,11 +66,11 @@ class Gateway:
         self._finished: list[Finished] = []
         self.pool: UpstreamPool | None = None
         self.internals = internals  # aiohttp's internals as checked at start (proxy/internals.py)
-        self.sim = SimTransport()
         self.walker: Walker | None = None
         self.draining = False
         self.loaded_at = time.time()  # when the config in force was taken
         self.reload_ok = True  # the last load was taken (False after a refused reload)
+        self.reloads = {"taken": 0, "refused": 0}  # SIGHUP reloads since start, for /metrics
         self.rngs: dict[str, random.Random] = {}
         self._shared_rng = random.Random()
         self.config = config
@@ -120,8 +120,7 @@ class Gateway:
         self.internals.log()
         self.pool = upstream_pool(self.internals)
         http = HttpTransport(self.pool, self.scrubber)
-        transports: dict[str, Transport] = {kind: self.sim if kind == "simulated" else http for kind in KINDS}
-        self.walker = Walker(self.state, transports, clock=self.clock, deadlines=self.deadlines,
+        self.walker = Walker(self.state, transports(http), clock=self.clock, deadlines=self.deadlines,
                              limiters=self.limiters)
         self._sweeper = asyncio.get_running_loop().create_task(self.deadlines.run(), name="deadlines")
         # Measured cost per call for the score strategy, from whatever ledger the config names now.
@@ -223,7 +222,7 @@ class CostRefresher:
         except sqlite3.Error as exc:
             log.warning("cost refresh from %s failed: %s", path, exc)
             return
-        self.state.costs = costs
+        self.state.set_costs(costs)
 
     def start(self) -> None:
         if self._task is None:

@@ -1,8 +1,8 @@
-"""The aiohttp internals firstbyte relies on, checked once at start (docs/adr/0012).
+"""The aiohttp internals firstbyte relies on, checked once at start (docs/adr/0018).
 
 Three places reach past aiohttp's public API, each for a measured reason:
 
-- the upstream client (``proxy/walk/http1.py``) drives aiohttp's client protocol
+- the upstream client (``proxy/upstream/http1.py``, ``connection.py``) drives aiohttp's client protocol
   (``ResponseHandler``: ``set_response_params``, ``read``, ``should_close``) instead of
   ``ClientSession``, about 100 µs less CPU per call (docs/adr/0011);
 - the client listener (``proxy/server/listener.py``) subclasses ``RequestHandler`` and reads its
@@ -253,5 +253,5 @@ async def checked() -> Internals:
     return _checked
 
 
-if __name__ == "__main__":  # python -m proxy.internals: what an aiohttp upgrade checks first (docs/adr/0012)
+if __name__ == "__main__":  # python -m proxy.internals: what an aiohttp upgrade checks first (docs/adr/0018)
     print(asyncio.run(check()).summary())

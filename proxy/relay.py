@@ -23,9 +23,10 @@ import aiohttp
 from aiohttp import web
 
 from .errors import StreamError
+from .server.listener import client_fault
 from .server.replies import GATEWAY
+from .upstream.transport import UPSTREAM_ERRORS, break_of
 from .walk.lease import DRAINING, Lease
-from .walk.transport import UPSTREAM_ERRORS, break_of
 
 # Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
 DROPPED = frozenset(
@@ -144,10 +145,10 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
             handed_off = True
             lease.finish_after_end()  # the upstream's own end is read off the client's path
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        # The client left (or the drain cut a client that read no more): nothing to say about the provider.
-        meter.error = meter.error or (DRAINING if lease.expired == DRAINING else "client disconnected")
+        # The client left (or was cut for reading no more): nothing to say about the provider.
+        meter.error = meter.error or _left(request, lease)
     except asyncio.CancelledError:
-        meter.error = meter.error or "client disconnected"
+        meter.error = meter.error or _left(request, lease)
         raise
     finally:
         if not handed_off:
@@ -173,6 +174,14 @@ async def _fail(request: web.Request, response: web.StreamResponse, lease: Lease
     await response.write(event)
     meter.sent += len(event)
     return failure
+
+
+def _left(request: web.Request, lease: Lease) -> str:
+    """Why the client's stream ended early on its side: it left, or it stopped reading and was cut
+    (by the stream's deadline or the listener's ``send_timeout``), or the drain's grace ran out."""
+    if lease.expired == DRAINING:
+        return DRAINING
+    return lease.stalled or client_fault(request) or "client disconnected"
 
 
 def _sent(meter: Meter, size: int, clock: Callable[[], float]) -> None:

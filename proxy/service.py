@@ -65,30 +65,55 @@ class Service:
         self._lock = asyncio.Lock()
 
     async def reload(self) -> bool:
-        """Re-read the file; swap it in whole, or keep the running one and say why."""
+        """Re-read the file; swap it in whole, or keep the running one and say why.
+
+        A reload that fails for any reason (the file, the YAML, a bug) is refused the same way: one
+        log line with the reason, ``firstbyte_config_reloads_total{result="refused"}`` and the
+        ``last_reload_successful`` gauge at 0; it never escapes as an unretrieved task exception."""
         async with self._lock:
             self.notifier.reloading()
             try:
                 try:
                     config = await asyncio.to_thread(load_config, self.config_path)
                 except ConfigError as exc:
-                    log.error("reload refused, the running config stays: %s", exc)
-                    self.gateway.reload_ok = False  # firstbyte_config_last_reload_successful 0
-                    return False
-                old = self.gateway.config
-                fixed = {"listen": (config.listen, old.listen), "ops_listen": (config.ops_listen, old.ops_listen),
-                         "shutdown_grace": (config.shutdown_grace, old.shutdown_grace),
-                         "connections": (config.connections, old.connections)}
-                for key, (new, was) in fixed.items():
-                    if new != was:
-                        log.warning("%s changed: takes effect on restart", key)
-                self.gateway.apply(config)
-                self.gateway.reload_ok = True
-                await self.hub.reconfigure(config, self.gateway)
-                log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
-                return True
+                    return self._refused(str(exc))
+                except Exception as exc:
+                    return self._refused(f"{type(exc).__name__}: {exc} (a firstbyte bug)", bug=True)
+                return await self._adopt(config)
             finally:
                 self.notifier.ready()
+
+    async def _adopt(self, config: Config) -> bool:
+        """Swap in a loaded config; when that fails midway, put the running one back."""
+        old = self.gateway.config
+        fixed = {"listen": (config.listen, old.listen), "ops_listen": (config.ops_listen, old.ops_listen),
+                 "shutdown_grace": (config.shutdown_grace, old.shutdown_grace),
+                 "connections": (config.connections, old.connections)}
+        try:
+            self.gateway.apply(config)
+            await self.hub.reconfigure(config, self.gateway)
+        except Exception as exc:
+            try:
+                self.gateway.apply(old)
+                await self.hub.reconfigure(old, self.gateway)
+            except Exception:
+                log.exception("putting the running config back failed too")
+            bug = not isinstance(exc, OSError)  # a log file that cannot open is the file's news, not a bug
+            return self._refused(f"applying it failed: {type(exc).__name__}: {exc}" + (" (a firstbyte bug)" * bug),
+                                 bug=bug)
+        for key, (new, was) in fixed.items():
+            if new != was:
+                log.warning("%s changed: takes effect on restart", key)
+        self.gateway.reload_ok = True
+        self.gateway.reloads["taken"] += 1
+        log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
+        return True
+
+    def _refused(self, reason: str, bug: bool = False) -> bool:
+        log.error("reload refused, the running config stays: %s", reason, exc_info=bug)
+        self.gateway.reload_ok = False  # firstbyte_config_last_reload_successful 0
+        self.gateway.reloads["refused"] += 1
+        return False
 
     def _on_sighup(self) -> None:
         """A SIGHUP during a reload is not dropped: one more reload runs after it (the file may

@@ -137,11 +137,13 @@ def floor(procs: Procs, name: str, port: int, upstream: int, commit: bool = Fals
 HEDGE = {"after": "p90", "max_extra": 0.1, "explore": True}
 
 
-def firstbyte_config(port: int, upstream: int) -> dict[str, Any]:
+def firstbyte_config(port: int, upstream: int, otlp: str | None = None) -> dict[str, Any]:
     """Route ``one`` (one target) and ``five`` (five providers), both ``fastest`` with ``hedge`` on (as
-    routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``."""
+    routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``;
+    with ``otlp``, every request traced to that collector."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
     return {
+        **({"tracing": {"otlp": otlp, "sample": 1.0}} if otlp else {}),
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
         "providers": providers,
@@ -153,10 +155,61 @@ def firstbyte_config(port: int, upstream: int) -> dict[str, Any]:
     }
 
 
-def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path) -> subprocess.Popen[bytes]:
+def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path,
+              otlp: str | None = None) -> subprocess.Popen[bytes]:
     path = tmp / f"{name}.json"  # JSON is YAML
-    path.write_text(json.dumps(firstbyte_config(port, upstream)))
+    path.write_text(json.dumps(firstbyte_config(port, upstream, otlp)))
     return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
+
+
+class Seeing:
+    """``--see``: an OTLP/HTTP sink that takes every span batch (a thread of this process), and a
+    status page held open on firstbyte (its data polled every second, as an open page would, at
+    twice the page's own rate), for as long as the bench runs."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        seen = self.seen = {"batches": 0, "bytes": 0, "polls": 0, "poll_errors": 0}
+
+        class Sink(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                seen["bytes"] += len(self.rfile.read(int(self.headers.get("content-length", 0))))
+                seen["batches"] += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+        self.otlp = f"http://127.0.0.1:{self.sink.server_address[1]}/v1/traces"
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.sink.serve_forever, daemon=True)]
+
+    def watch(self, port: int) -> None:
+        """Poll the status page's data until stopped."""
+        import urllib.request
+
+        def poll() -> None:
+            while not self.stop.wait(1.0):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status/data", timeout=5) as r:
+                        r.read()
+                    self.seen["polls"] += 1
+                except OSError:
+                    self.seen["poll_errors"] += 1
+
+        self.threads.append(threading.Thread(target=poll, daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def close(self) -> dict[str, int]:
+        self.stop.set()
+        self.sink.shutdown()
+        return self.seen
 
 
 class Loadgen:
@@ -432,6 +485,8 @@ def main() -> int:
     p.add_argument("--hold-repeats", type=int, default=1,
                    help="repeats that also hold the long streams (about a minute each; memory per stream "
                         "moved by under 0.1x between repeats)")
+    p.add_argument("--see", action="store_true",
+                   help="firstbyte with every request traced to a loopback OTLP sink and its status page polled")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "bench.json"))
     args = p.parse_args()
     if args.quick:
@@ -442,6 +497,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-bench-"))
     procs = Procs(tmp)
     gen: Loadgen | None = None
+    seeing = Seeing() if args.see else None
+    seen: dict[str, int] = {}
     runs: list[dict[str, Any]] = []
     try:
         sim, sim_long = free_port(), free_port()
@@ -450,7 +507,9 @@ def main() -> int:
         ports = {"direct": sim, "floor": free_port(), "floorc": free_port(), "fb1": free_port()}
         floor(procs, "floor", ports["floor"], sim)
         floor(procs, "floor-commit", ports["floorc"], sim, commit=True)
-        firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp)
+        firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp, seeing.otlp if seeing else None)
+        if seeing is not None:
+            seeing.watch(ports["fb1"])
         ports["fb5"] = ports["fb1"]  # the same firstbyte; route "five" instead of "one"
         gen = Loadgen()
         for i in range(args.repeats):
@@ -463,14 +522,19 @@ def main() -> int:
     finally:
         if gen is not None:
             gen.close()
+        if seeing is not None:
+            seen = seeing.close()
         procs.stop_all()
     meta = {"repeats": args.repeats, "hold_repeats": 0 if args.no_hold else min(args.hold_repeats, args.repeats),
             "cores": os.cpu_count(), "streams": args.streams,
             "stream_chunks": args.stream_chunks, "chunk_rate": args.chunk_rate,
             "first_chunk_ms": args.first_chunk_ms, "chunks": args.chunks, "quick": args.quick,
-            "seconds": round(time.monotonic() - started, 1), "logs": str(tmp)}
+            "seconds": round(time.monotonic() - started, 1), "logs": str(tmp), "see": seen or None}
     summary = report(runs, args)
     print_table(summary, meta)
+    if seen:
+        print(f"\n--see: {seen['batches']} span batches ({seen['bytes']} bytes) exported, status page polled "
+              f"{seen['polls']} times ({seen['poll_errors']} failed)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps({"meta": meta, "summary": summary, "runs": runs},

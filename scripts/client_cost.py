@@ -1,4 +1,4 @@
-"""CPU per upstream call: aiohttp's ClientSession against firstbyte's pool (proxy/walk/http1.py).
+"""CPU per upstream call: aiohttp's ClientSession against firstbyte's pool (proxy/upstream/http1.py).
 
 Both call the same raw asyncio server on loopback (in this process) with the same request and read a
 17-event answer to its end, ``--calls`` times, three rounds; printed is CPU time per call (the
@@ -16,7 +16,7 @@ import time
 import aiohttp
 import uvloop
 
-from proxy.walk.http1 import Pool
+from proxy.upstream.http1 import Pool
 
 BODY = b'data: {"x":1}\n\n' * 16 + b"data: [DONE]\n\n"
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)

@@ -10,7 +10,11 @@ streamed. Repeat runs agree to about 1-2 %. Use it to see what a change to the
 hot path costs; ``scripts/bench`` remains the measure of latency and
 throughput. Needs valgrind (Debian package ``valgrind``).
 
-    scripts/instructions [--calls 300] [--other NAME=DIR ...] [--unhedged NAME ...]
+    scripts/instructions [--calls 300] [--other NAME=DIR ...] [--unhedged NAME ...] [--see]
+
+``--see`` adds ``firstbyte-see``: this code with every request traced to a loopback OTLP sink and
+the status page's data polled every second (``scripts/bench --see``); its count includes the
+exporter thread's work and the polls.
 
 ``--other`` adds a firstbyte whose ``proxy`` package is in DIR (put first on
 PYTHONPATH), to compare two versions of the code in one run.
@@ -70,6 +74,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=300, help="calls counted per measurement")
     p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
                    help="another firstbyte whose proxy package is in DIR")
+    p.add_argument("--see", action="store_true", help="add firstbyte-see: tracing on and the status page polled")
     p.add_argument("--unhedged", nargs="*", default=[], metavar="NAME",
                    help="versions whose routes leave out hedge (code from before it knows no such key); "
                         "'firstbyte-unhedged' adds this code without it")
@@ -88,6 +93,8 @@ def main() -> int:
         versions: dict[str, str | None] = {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}
         if "firstbyte-unhedged" in args.unhedged:
             versions["firstbyte-unhedged"] = None
+        if args.see:
+            versions["firstbyte-see"] = None
         for stream in (False, True):
             kind = "streamed" if stream else "buffered"
             port = bench.free_port()
@@ -98,14 +105,21 @@ def main() -> int:
             for name, path in versions.items():
                 port = bench.free_port()
                 config_path = tmp / f"{name}.json"  # JSON is YAML
-                config = bench.firstbyte_config(port, sim)
+                seeing = bench.Seeing() if name == "firstbyte-see" else None
+                config = bench.firstbyte_config(port, sim, seeing.otlp if seeing else None)
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")
                 config_path.write_text(json.dumps(config))
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
-                rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls)
+                if seeing is not None:
+                    seeing.watch(port)
+                try:
+                    rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls)
+                finally:
+                    if seeing is not None:
+                        print(f"{name} {kind}: {seeing.close()}", file=sys.stderr)
     finally:
         if gen is not None:
             gen.close()

@@ -387,3 +387,5 @@ base_url = "{url}/v1"
 wire_api = "responses"
 env_key = "FIRSTBYTE_KEY"
 """
+
+

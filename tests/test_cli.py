@@ -1,5 +1,6 @@
 """The ``firstbyte`` command as a newcomer meets it: --version, help with defaults, and one clear
-line (no traceback) for a busy port, a missing ledger, a bad --since or a YAML syntax error."""
+line (no traceback) for a busy port, a missing ledger, a bad --since, a YAML syntax error or a control
+character in the file."""
 
 from __future__ import annotations
 
@@ -88,6 +89,23 @@ def test_a_bad_since_is_one_line(tmp_path: Path, since: str) -> None:
     assert line.startswith(f"firstbyte decisions: --since {since!r}")
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        pytest.param("# a comment with a \x01 in it\nroutes: {}\n", "1:20", id="in-a-comment"),
+        pytest.param("routes:\n  chat: {targets: []}  \x07\n", "2:24", id="after-a-value"),
+        pytest.param("providers:\n  s: {kind: simulated, base_url: \"a\x1bb\"}\n", "2:36", id="in-a-string"),
+    ],
+)
+def test_a_control_character_is_one_line_with_its_line_and_column(tmp_path: Path, text: str, where: str) -> None:
+    """PyYAML refuses these before parsing (a ReaderError, raised where nothing caught it: issue 31)."""
+    config = tmp_path / "routes.yaml"
+    config.write_text(text)
+    run = firstbyte("check", "--config", str(config))
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert f"{config}:{where}: not valid YAML: control character U+00" in run.stderr, run.stderr
+
+
 def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
     config = tmp_path / "routes.yaml"
     config.write_text("routes:\n  chat: {targets: [\n")
@@ -118,3 +136,16 @@ async def test_explain_config_needs_only_the_listen_not_the_gateways_secrets(ups
     code = await asyncio.to_thread(main, ["explain", "chat", "--config", str(config), "--key", "good"])
     err = capsys.readouterr().err
     assert code == 0, err
+
+
+def test_check_into_a_closed_pipe_stops_quietly() -> None:
+    """``firstbyte check ... | head``: the reader leaves before the plan is written. The command
+    ends with SIGPIPE's exit status and no traceback (it used to print a BrokenPipeError's)."""
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "check", "--config", str(ROOT / "routes.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    with proc.stderr:
+        stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=30) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

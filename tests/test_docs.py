@@ -13,7 +13,7 @@ import orjson
 import pytest
 import yaml
 
-from proxy.providers.responses_to_chat import _NEEDS
+from proxy.translate.responses_to_chat import _NEEDS
 
 from .conftest import CONFIG, Proxy
 

@@ -101,6 +101,59 @@ def gzip_pieces(kind: str) -> list[bytes]:
     return _GZIP[kind]
 
 
+# --- issue 31: upstreams that say more than they were asked ------------------------------------------
+# Kept apart from FaultUpstream's faults (which close after each answer): these keep the connection
+# alive, so firstbyte's pool would reuse it, and answer with the request's own ``drill.echo`` token, so
+# a misdelivered answer is visible to the client that gets it (``no_wrong_answer``).
+
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n" * 1000  # ~60 KB a write
+STRAY_AFTER = 0.02  # the unasked answer follows the real one this long after, as the issue saw it
+STRAY = b"STRAY-"  # only an answer nobody asked for holds this
+
+
+async def interim_flood(drill: dict[str, Any], stream: bool, writer: asyncio.StreamWriter) -> bool:
+    """103 Early Hints as fast as firstbyte takes them, never a final answer."""
+    while True:
+        writer.write(EARLY_HINTS)
+        await writer.drain()
+
+
+def echo_answer(text: str, stream: bool) -> bytes:
+    """A kept-alive answer whose content is ``text``: buffered JSON, or one SSE event and [DONE]."""
+    if stream:
+        data = b"data: " + orjson.dumps({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                         "choices": [{"index": 0, "delta": {"content": text},
+                                                      "finish_reason": None}]}) + b"\n\ndata: [DONE]\n\n"
+        kind = b"text/event-stream"
+    else:
+        data = orjson.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                          "finish_reason": "stop"}]})
+        kind = b"application/json"
+    return b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (kind, len(data), data)
+
+
+async def stray_answer(drill: dict[str, Any], stream: bool, writer: asyncio.StreamWriter) -> bool:
+    """The request's echo, kept alive; ``STRAY_AFTER`` later the same answer again, marked, unasked."""
+    token = str(drill.get("echo", ""))
+    writer.write(echo_answer(f"echo:{token}", stream))
+    await writer.drain()
+    await asyncio.sleep(STRAY_AFTER)
+    writer.write(echo_answer(f"{STRAY.decode()}{token}", stream))
+    await writer.drain()
+    return True
+
+
+UPSTREAM_ATTACKS = {"interim_flood": interim_flood, "stray": stray_answer}
+
+
+def no_wrong_answer(data: bytes, token: str) -> None:
+    """No client gets an answer meant for another: never an unasked one, and an echo only of its own token."""
+    assert STRAY not in data, data[:300]
+    if b"echo:" in data:
+        assert f"echo:{token}".encode() in data, (token, data[:300])
+
+
 class FaultUpstream:
     """An OpenAI-ish upstream written by hand; ``drill.kind`` in the request body picks the fault."""
 
@@ -126,22 +179,30 @@ class FaultUpstream:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open += 1
         try:
-            length = 0
-            auth = ""
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-                elif line.lower().startswith(b"authorization:"):
-                    auth = line.split(b":", 1)[1].strip().decode()
-            body = orjson.loads(await reader.readexactly(length))
-            drill = {**(body.get("drill") or {}), "_auth": auth}
-            kind = "ok" if body.get("model") == "ok" else drill.get("kind", "ok")
-            await self._fault(kind, drill, bool(body.get("stream")), reader, writer)
+            while await self._request(reader, writer):  # True: the answer kept the connection open
+                pass
         except (ConnectionError, asyncio.IncompleteReadError, orjson.JSONDecodeError):
             pass
         finally:
             self.open -= 1
             writer.close()
+
+    async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read one request and answer it as its ``drill.kind`` says; True if the connection stays open."""
+        length = 0
+        auth = ""
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+            elif line.lower().startswith(b"authorization:"):
+                auth = line.split(b":", 1)[1].strip().decode()
+        body = orjson.loads(await reader.readexactly(length))
+        drill = {**(body.get("drill") or {}), "_auth": auth}
+        kind = "ok" if body.get("model") == "ok" else drill.get("kind", "ok")
+        if kind in UPSTREAM_ATTACKS:
+            return await UPSTREAM_ATTACKS[kind](drill, bool(body.get("stream")), writer)
+        await self._fault(kind, drill, bool(body.get("stream")), reader, writer)
+        return False
 
     async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
@@ -685,6 +746,10 @@ async def test_thousands_of_clients_leave_mid_stream(drill: tuple[FaultUpstream,
     assert fds1 <= fds0 + FD_TOLERANCE
 
 
+# Issue 31's upstream attacks in the soak: an endless 103 flood, and answers repeated unasked (every soak
+# answer carries its own echo token, so one that reached the wrong client fails the soak).
+SOAK_UPSTREAM_ATTACKS = {"interim_flood": 1, "stray": 3}
+
 SOAK_KINDS = {  # kind -> weight
     "ok": 50, "hang": 2, "reset_before": 6, "reset_after": 6, "cut_after": 6, "hang_after": 2,
     "malformed_sse": 4, "garbage": 5, "status500": 6, "status400": 3, "endless": 3, "big": 0.1,
@@ -694,6 +759,7 @@ SOAK_KINDS = {  # kind -> weight
     # hostile clients (c_*): a gzip bomb, a body that is not gzip, JSON 300 deep, a forged model, CL with TE
     # and a head trickled past the header timeout, all over the same listener
     "c_gzip_bomb": 0.5, "c_bad_gzip": 1, "c_deep_json": 1, "c_forged_model": 1, "c_cl_te": 1, "c_slowloris": 0.3,
+    **SOAK_UPSTREAM_ATTACKS,
 }
 SOAK_REQUESTS = 10_000
 SOAK_WARM_UP = 2_000  # requests of the same mix before the soak's baseline (test_soak_of_random_faults says why)
@@ -707,6 +773,26 @@ def _gzip(data: bytes) -> bytes:
 
 GZIP_BOMB = _gzip(b'{"model": "solo", "messages": [], "pad": "' + b" " * (8 * 2**20) + b'"}')  # 8 MiB > 4 MiB
 DEEP_JSON = b'{"model": "solo", "messages": [], "x": ' + b"[" * 300 + b"]" * 300 + b"}"
+
+
+async def soak_call(session: aiohttp.ClientSession, url: str, route: str, kind: str, stream: bool,
+                    leaves: bool, rng: random.Random) -> str:
+    """One soak request to a (maybe faulty) upstream: its verdict, or "client left". Each carries its own
+    echo token, so an answer that reached the wrong client fails the soak (``no_wrong_answer``)."""
+    token = f"{rng.getrandbits(64):016x}"
+    data = body(route, kind, stream, after=rng.randint(0, 4), chunks=rng.randint(1, 8), echo=token)
+    async with session.post(url + "/v1/chat/completions", data=data,
+                            headers={"content-type": "application/json"}) as resp:
+        check_headers(resp)
+        if leaves:
+            for _ in range(rng.randint(0, 5)):
+                if not await resp.content.readany():
+                    break
+            resp.close()
+            return "client left"
+        answer = await resp.read()
+        no_wrong_answer(answer, token)
+        return verdict(resp.status, answer, stream)
 
 
 async def raw_answer(port: int, data: bytes, secs: float = 5.0) -> tuple[int, bytes]:
@@ -771,18 +857,7 @@ async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> 
         if kind.startswith("c_"):
             outcomes[await hostile_client(session, fb, kind)] += 1
             return
-        data = body(route, kind, stream, after=rng.randint(0, 4), chunks=rng.randint(1, 8))
-        async with session.post(fb.url + "/v1/chat/completions", data=data,
-                                headers={"content-type": "application/json"}) as resp:
-            check_headers(resp)
-            if leaves:
-                for _ in range(rng.randint(0, 5)):
-                    if not await resp.content.readany():
-                        break
-                resp.close()
-                outcomes["client left"] += 1
-                return
-            outcomes[verdict(resp.status, await resp.read(), stream)] += 1
+        outcomes[await soak_call(session, fb.url, route, kind, stream, leaves, rng)] += 1
 
     async def soak(requests: int) -> None:
         """``requests`` calls from 48 clients on one session, closed before it returns."""
@@ -835,3 +910,66 @@ async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> 
     assert up.open == 0
     assert fds1 <= fds0 + FD_TOLERANCE
     assert rss1 - rss0 <= RSS_TOLERANCE_MB
+
+
+# --- issue 31: interim floods and unasked answers, each alone ---------------------------------------
+
+FLOOD_P99 = 0.2  # /healthz while interim floods are in flight (issue 31: under 200 ms p99)
+
+
+@pytest.mark.timeout(40)
+async def test_interim_floods_in_flight_keep_healthz_fast_and_fail_over(drill: tuple[FaultUpstream, Firstbyte]) -> None:
+    """Four clients call an upstream that floods 103 Early Hints, one call after another for 3 s: each
+    call fails over to the steady target with "interim flood" in its decision, and /healthz keeps
+    answering (before: each flood held the loop until the first-chunk deadline)."""
+    up, fb = drill
+    got: Counter[str] = Counter()
+    slowest = 0.0
+    async with HealthProbe(fb.url) as probe, aiohttp.ClientSession() as session:
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+
+        async def flooded() -> None:
+            nonlocal slowest
+            while time.monotonic() - t0 < 3.0:
+                started = time.monotonic()
+                async with session.post(fb.url + "/v1/chat/completions",
+                                        data=body("pool", "interim_flood", False)) as resp:
+                    data = await resp.read()
+                    decision = resp.headers.get("x-route-decision", "")
+                slowest = max(slowest, time.monotonic() - started)
+                got[verdict(resp.status, data, False)] += 1
+                assert "interim flood" in decision, decision
+
+        await asyncio.gather(*(flooded() for _ in range(4)))
+    record(f"interim floods: {sum(got.values())} flooded calls from 4 clients in 3 s ({dict(got)}), slowest "
+           f"{slowest * 1000:.0f} ms; /healthz p99 {probe.p99 * 1000:.0f} ms, worst {probe.worst * 1000:.0f} ms "
+           f"over {probe.asked} asks")
+    assert got == Counter({"answer": sum(got.values())})
+    assert slowest < 0.5, "a flooded call waited for its first-chunk deadline"
+    assert probe.p99 < FLOOD_P99, "interim floods stall firstbyte's loop"
+    await settle(fb, up, 0, 3.0)
+    assert up.open == 0
+
+
+@pytest.mark.timeout(40)
+async def test_answers_repeated_unasked_never_reach_another_client(drill: tuple[FaultUpstream, Firstbyte]) -> None:
+    """An upstream repeats each answer 20 ms later, unasked. One client calls; then three call at once,
+    right before the repeat and right after it: each must get its own echo, never another's."""
+    up, fb = drill
+    rng = random.Random(31)
+    answered = 0
+    async with aiohttp.ClientSession() as session:
+
+        async def ask() -> None:
+            nonlocal answered
+            status = await soak_call(session, fb.url, "solo", "stray", rng.random() < 0.5, False, rng)
+            answered += status == "answer"
+
+        for n in range(20):
+            await ask()
+            await asyncio.sleep(0.025 if n % 2 else 0.0)
+            await asyncio.gather(ask(), ask(), ask())
+    record(f"answers repeated unasked: {answered} of 80 calls answered, none with another's answer")
+    assert answered == 80
+    await settle(fb, up, 0, 3.0)

@@ -17,7 +17,7 @@ from aiohttp.client_proto import ResponseHandler
 from aiohttp.web_protocol import RequestHandler
 
 from proxy.internals import check, check_client, check_relay, check_server
-from proxy.walk.session_pool import SessionPool
+from proxy.upstream.session_pool import SessionPool
 
 from .conftest import FakeUpstream, Proxy, chat_body, decision_of, ok_handler, openai_provider, route_config
 

@@ -116,6 +116,48 @@ async def test_client_errors_never_count_against_a_target(upstreams, proxy):
     assert ups["b"].calls == []
 
 
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_providers_auth_failure_fails_over_and_counts_against_its_breaker(upstreams, proxy, status):
+    """A revoked or mistyped key at one provider is an outage of that target: the healthy next
+    target answers, and the bad one's breaker opens (cooldown.failures: 2) so later requests
+    skip it. The client's key never went there, so it is never blamed."""
+    clock = Clock()
+    ups, p = await pool(upstreams, proxy, {"a": status_handler(status, "Incorrect API key provided"),
+                                           "b": ok_handler("from-b")}, clock, cooldown={"failures": 2, "secs": 30})
+    for n in (1, 2):
+        code, headers, body = await p.post(PATH, CHAT)
+        assert code == 200 and b"from-b" in body
+        assert decision_of(headers).attempt_outcomes() == [("a", str(status)), ("b", "200")]
+        h = await health_of(p, "a")
+        assert h["failures"] == n
+    assert h["breaker"] == "open"
+    code, headers, _ = await p.post(PATH, CHAT)
+    assert code == 200 and decision_of(headers).attempt_outcomes() == [("b", "200")]
+    assert len(ups["a"].calls) == 2
+
+
+async def test_a_providers_auth_failure_as_the_last_word_is_a_502_saying_whose_key(upstreams, proxy):
+    _, p = await pool(upstreams, proxy, {"a": status_handler(401, "Incorrect API key provided")})
+    code, _, body = await p.post(PATH, CHAT)
+    error = orjson.loads(body)["error"]
+    assert code == 502 and error["type"] != "authentication_error"
+    assert "refused firstbyte's key" in error["message"] and "api_key_env or api_key_file" in error["message"]
+
+
+async def test_fail_over_on_names_more_statuses_to_move_on_from(upstreams, proxy):
+    ups, p = await pool(upstreams, proxy, {"a": status_handler(404, "model not found"), "b": ok_handler("from-b")},
+                        fail_over_on=[404])
+    code, headers, _ = await p.post(PATH, CHAT)
+    assert code == 200
+    assert decision_of(headers).attempt_outcomes() == [("a", "404"), ("b", "200")]
+    assert (await health_of(p, "a"))["failures"] == 1
+    # Without it, a 404 is the client's, as it is.
+    ups2, plain = await pool(upstreams, proxy, {"a": status_handler(404, "model not found"), "b": ok_handler()})
+    code, headers, _ = await plain.post(PATH, CHAT)
+    assert code == 404 and decision_of(headers).attempt_outcomes() == [("a", "404")]
+    assert ups2["b"].calls == []
+
+
 async def test_a_client_error_in_plain_text_comes_back_as_json_labelled_json(upstreams, proxy):
     async def too_large(request: web.Request) -> web.Response:
         return web.Response(status=413, text="Request Entity Too Large", headers={"x-upstream": "kept"})

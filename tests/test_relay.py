@@ -1,9 +1,12 @@
 """What an upstream may not hand a client: copies of our own headers, hop-by-hop headers it names,
-cookies meant for another client, and the provider key it was sent."""
+cookies meant for another client, and the provider key it was sent; and what a client that stops
+reading may not hold: its stream, the upstream call and the provider's slot."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import socket
 
 import orjson
 import pytest
@@ -125,3 +128,123 @@ async def test_a_key_in_an_error_event_after_commit_reaches_neither_client_nor_l
     assert KEY not in body.decode() and "[redacted]" in body.decode()
     logged = lines.getvalue()
     assert "[redacted]" in logged and KEY not in logged
+
+
+# A client that stops reading: it asks for a stream, then takes no byte (a small receive buffer, never
+# read). The relay waits in write(); before issue 31 it held the stream, the upstream connection and the
+# provider's max_concurrent slot until the client left, whatever the deadlines said.
+
+class Recorder:
+    """An observer that keeps every finished exchange."""
+
+    def __init__(self) -> None:
+        self.finished: list[object] = []
+
+    def on_finished(self, finished: object) -> None:
+        self.finished.append(finished)
+
+    async def close(self) -> None:
+        pass
+
+
+class Endless:
+    """A streaming upstream that writes 16 KB events as fast as it may, until its client goes."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return web.json_response(chat_body())
+        self.open += 1
+        try:
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await response.prepare(request)
+            event = chunk_event("x" * 16384)
+            while True:
+                await response.write(event)
+                await asyncio.sleep(0)
+        except (ConnectionError, asyncio.CancelledError):
+            return web.Response()  # the proxy let go of the call
+        finally:
+            self.open -= 1
+
+
+async def non_reader(port: int) -> socket.socket:
+    """A real client socket that asks for a stream and never reads (a 4 KB receive buffer)."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window it offers
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    body = orjson.dumps({**CHAT, "stream": True})
+    await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                                  b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+async def stalled_pair(upstreams, proxy, timeouts: dict[str, float], connections: dict[str, float]):
+    """Two non-reading clients on a ``max_concurrent: 2`` provider, holding both of its slots."""
+    endless = Endless()
+    up = await upstreams({"/v1/chat/completions": endless})
+    recorder = Recorder()
+    provider = openai_provider(up.url, max_concurrent=2, timeouts={"first_chunk": 5, "idle": 5, **timeouts})
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": provider},
+                                    cooldown={"failures": 1, "secs": 30}),
+                     "connections": connections}, observers=[recorder])
+    socks = [await non_reader(p.port) for _ in range(2)]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while endless.open < 2:  # both streams begun upstream
+        assert loop.time() < deadline, "the streams never started"
+        await asyncio.sleep(0.02)
+    return p, endless, recorder, socks
+
+
+async def freed_within(p, endless: Endless, secs: float) -> float:
+    """How long until a reading client is served again and both upstream calls are let go."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while True:
+        status, _, body = await p.post("/v1/chat/completions", CHAT)
+        if status == 200 and endless.open == 0:
+            return loop.time() - t0
+        assert loop.time() - t0 < secs, f"still held after {secs} s: {status} {body[:200]!r}, upstream open " \
+                                        f"{endless.open}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(20)
+async def test_clients_that_stop_reading_are_cut_at_the_send_timeout_and_free_the_slots(upstreams, proxy):
+    p, endless, recorder, socks = await stalled_pair(upstreams, proxy, {"total": 600}, {"send_timeout": 0.5})
+    status, _, body = await p.post("/v1/chat/completions", CHAT)
+    assert status == 503 and b"busy" in body  # both slots held meanwhile: the bound is what frees them
+    took = await freed_within(p, endless, 5)
+    for sock in socks:
+        sock.close()
+    assert took < 3
+    await assert_the_clients_fault(p, recorder, "connections.send_timeout")
+    assert p.gateway.guards[0].closed["send_timeout"] == 2
+
+
+@pytest.mark.timeout(20)
+async def test_clients_that_stop_reading_are_cut_at_the_streams_total_deadline(upstreams, proxy):
+    p, endless, recorder, socks = await stalled_pair(upstreams, proxy, {"total": 1.5}, {"send_timeout": 60})
+    took = await freed_within(p, endless, 6)
+    for sock in socks:
+        sock.close()
+    assert took < 4
+    await assert_the_clients_fault(p, recorder, "total timeout")
+
+
+async def assert_the_clients_fault(p, recorder: Recorder, why: str) -> None:
+    """Logged as the client's doing; the target's breaker heard nothing of it."""
+    await asyncio.sleep(0.1)
+    p.gateway.notify_observers()
+    streams = [f for f in recorder.finished if f.stream]  # type: ignore[attr-defined]
+    assert len(streams) == 2
+    for f in streams:
+        assert f.status == 200 and f.error.startswith("client stopped reading") and why in f.error, f.error
+    status, health = await p.get("/v1/health")
+    target = health["targets"][0]
+    assert (target["breaker"], target["failures"], target["in_flight"]) == ("closed", 0, 0), target

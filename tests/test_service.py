@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.routing.decision import parse_header
 
+from .conftest import ok_handler
+
 KEY = "client-key-123"
 
 
@@ -244,6 +246,36 @@ async def test_a_sighup_during_a_reload_runs_after_it(service: Running, tmp_path
         await asyncio.sleep(0.05)
 
 
+async def test_api_key_file_is_read_again_on_sighup(service: Running, tmp_path: Path, upstreams: Any) -> None:
+    """A provider's key in a file (systemd's $CREDENTIALS_DIRECTORY): rotated in the file, the
+    next SIGHUP puts the new key on the next upstream call, with no restart."""
+    up = await upstreams({"/v1/chat/completions": ok_handler("keyed")})
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "upstream").write_text("sk-first\n")
+    config = base_config(*service.ports, tmp_path)
+    config["providers"]["keyed"] = {"kind": "openai", "base_url": up.url + "/v1",
+                                    "api_key_file": str(creds / "upstream")}
+    config["routes"]["keyed"] = {"targets": [{"provider": "keyed", "model": "m"}]}
+
+    async def reload() -> None:
+        service.messages.clear()
+        service.proc.send_signal(signal.SIGHUP)
+        await service.wait_for("RELOADING=1")
+        await service.wait_for("READY=1")
+
+    service.config.write_text(yaml.safe_dump(config))
+    await reload()
+    async with aiohttp.ClientSession() as session:
+        assert (await chat(session, service, "keyed"))[0] == 200
+        (creds / "upstream").write_text("sk-second\n")
+        assert (await chat(session, service, "keyed"))[0] == 200  # not read again until told
+        await reload()
+        assert (await chat(session, service, "keyed"))[0] == 200
+    assert [c["headers"]["Authorization"] for c in up.calls] == ["Bearer sk-first", "Bearer sk-first",
+                                                                 "Bearer sk-second"]
+
+
 async def test_sigterm_drains_a_slow_stream_then_exits_zero(service: Running, tmp_path: Path) -> None:
     body = {"model": "slow", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as s:
@@ -352,3 +384,60 @@ async def test_a_stream_longer_than_the_grace_is_ended_at_the_grace_with_a_word(
     [line] = [json.loads(raw) for raw in (tmp_path / "access.log").read_text().splitlines()]
     assert (line["status"], line["error"]) == (200, "firstbyte is shutting down")
     assert "1 stream(s) ended with an error event" in (tmp_path / "stderr.log").read_text()
+
+
+async def reload_counts(session: aiohttp.ClientSession, service: Running) -> dict[str, float]:
+    """firstbyte_config_reloads_total by result, and the last-reload gauge as ``ok``."""
+    async with session.get(service.ops_url + "/metrics") as resp:
+        text = await resp.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "firstbyte_config_reloads_total":
+                out[s.labels["result"]] = s.value
+            elif s.name == "firstbyte_config_last_reload_successful":
+                out["ok"] = s.value
+    return out
+
+
+async def sighup(service: Running) -> None:
+    service.messages.clear()
+    service.proc.send_signal(signal.SIGHUP)
+    await service.wait_for("RELOADING=1")
+    await service.wait_for("READY=1")
+
+
+async def test_a_reload_that_fails_for_any_reason_is_refused_counted_and_the_old_config_serves(
+        service: Running, tmp_path: Path) -> None:
+    """Issue 31: a control character (even in a comment) failed the reload silently ("Task exception
+    was never retrieved", the gauge stayed 1); a log path that cannot open failed it halfway, the new
+    routes serving and the observers not. Each is now one refused line, counted, the old config whole."""
+    good = base_config(*service.ports, tmp_path)
+    added = {**good, "routes": {**good["routes"], "added": {"targets": [{"provider": "fast", "model": "f-2"}]}}}
+    stderr = tmp_path / "stderr.log"
+    async with aiohttp.ClientSession() as session:
+        service.config.write_text(yaml.safe_dump(added) + "# an editor left a \x01 here\n")
+        await sighup(service)
+        lines = len(yaml.safe_dump(added).splitlines()) + 1
+        assert f"{service.config}:{lines}:20: not valid YAML: control character U+0001" in stderr.read_text()
+        assert await reload_counts(session, service) == {"ok": 0, "taken": 0, "refused": 1}
+
+        moved = {**added, "access_log": {"format": "json", "path": str(tmp_path / "no-such-dir" / "access.log")}}
+        service.config.write_text(yaml.safe_dump(moved))
+        await sighup(service)
+        assert "applying it failed: FileNotFoundError" in stderr.read_text()
+        assert await reload_counts(session, service) == {"ok": 0, "taken": 0, "refused": 2}
+        assert (await chat(session, service, "added"))[0] != 200  # the refused file's route never served
+        assert (await chat(session, service))[0] == 200
+
+        service.config.write_text(yaml.safe_dump(added))
+        await sighup(service)
+        assert await reload_counts(session, service) == {"ok": 1, "taken": 1, "refused": 2}
+        assert (await chat(session, service, "added"))[0] == 200
+    text = stderr.read_text()
+    assert text.count("reload refused, the running config stays") == 2
+    assert "Traceback" not in text and "never retrieved" not in text, text
+    service.proc.send_signal(signal.SIGTERM)  # the access log writes out as it stops
+    assert await asyncio.wait_for(service.proc.wait(), 10) == 0
+    log = (tmp_path / "access.log").read_text().splitlines()
+    assert [json.loads(line)["route"] for line in log[-3:]] == ["added", "chat", "added"]  # one log throughout

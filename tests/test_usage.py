@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import sqlite3
+from typing import Any
 
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -15,7 +17,8 @@ from proxy.config import Price
 from proxy.observe.accesslog import AccessLog
 from proxy.observe.ledger import Ledger
 from proxy.observe.metrics import Metrics
-from proxy.providers.usage import cost_of, usage_of_body
+from proxy.routing.cost import cost_of
+from proxy.translate.usage import usage_of_body
 
 from .anthropic_fakes import USAGE_IN, USAGE_OUT, anthropic_provider, messages_handler
 from .conftest import chunk_event, decision_of, ok_handler, openai_provider, sse
@@ -210,7 +213,7 @@ def _sse(obj: object, sep: bytes = b"\n\n") -> bytes:
 @pytest.mark.parametrize("sep", [pytest.param(b"\n\n", id="lf"), pytest.param(b"\r\n\r\n", id="crlf")])
 @pytest.mark.parametrize("keep", [pytest.param(False, id="client-did-not-ask"), pytest.param(True, id="client-asked")])
 def test_tap_counts_and_drops_only_the_usage_chunk_of_a_whole_stream_in_one_read(sep: bytes, keep: bool) -> None:
-    from proxy.providers.usage_taps import OpenAIUsageTap
+    from proxy.translate.usage_taps import OpenAIUsageTap
 
     chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None}
     finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None}
@@ -222,3 +225,64 @@ def test_tap_counts_and_drops_only_the_usage_chunk_of_a_whole_stream_in_one_read
     assert out == (head + _sse(usage, sep) + tail if keep else head + tail)
     assert tap.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     assert tap.done
+
+
+def litellm_handler(usage_chunk: dict[str, Any]) -> Any:
+    """A stream as LiteLLM's proxy (and others) send it: the usage on a chunk of its own, whose
+    ``choices`` is not empty but holds a choice that says nothing."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(chunk_event("hello"))
+        await response.write(chunk_event("", "stop"))
+        await response.write(sse(usage_chunk))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    return handle
+
+
+LITELLM_USAGE = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "delta": {}}],
+                 "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}}
+
+
+@pytest.mark.parametrize("usage_chunk", [
+    pytest.param(LITELLM_USAGE, id="litellm-empty-delta"),
+    pytest.param({**LITELLM_USAGE, "choices": [{"index": 0, "delta": {"content": None, "role": None},
+                                                "finish_reason": None, "logprobs": None}]}, id="null-fields"),
+])
+async def test_a_usage_chunk_with_an_empty_choice_is_removed_unless_asked_and_still_counted(
+        upstreams, proxy, usage_chunk):
+    up = await upstreams({"/v1/chat/completions": litellm_handler(usage_chunk)})
+    metrics = Metrics({"chat"}, {"up"})
+    p = await proxy({"providers": {"up": openai_provider(up.url)},
+                     "routes": {"chat": {"targets": [{"provider": "up", "model": "m"}]}}}, observers=[metrics])
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        chunks = [c async for c in await client.chat.completions.create(model="chat", messages=CHAT["messages"],
+                                                                        stream=True)]
+        assert [c.usage for c in chunks] == [None, None]  # the text and the finish, no usage chunk
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello"
+        asked = [c async for c in await client.chat.completions.create(
+            model="chat", messages=CHAT["messages"], stream=True, stream_options={"include_usage": True})]
+        assert asked[-1].usage is not None and asked[-1].usage.completion_tokens == 6
+    finally:
+        await client.close()
+    rendered = metrics.render()[0].decode()
+    assert 'firstbyte_tokens_total{kind="completion",target="up"} 12' in rendered  # both calls counted
+
+
+def test_usage_riding_on_a_chunk_with_content_is_cut_from_it_unless_asked() -> None:
+    from proxy.translate.usage_taps import OpenAIUsageTap
+
+    last = {"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}
+    tap = OpenAIUsageTap(keep_usage_chunk=False)
+    out = tap.feed(_sse(last) + b"data: [DONE]\n\n")
+    assert out == _sse({"choices": last["choices"]}) + b"data: [DONE]\n\n"
+    assert tap.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    kept = OpenAIUsageTap(keep_usage_chunk=True)
+    assert kept.feed(_sse(last)) == _sse(last)

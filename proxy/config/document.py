@@ -18,9 +18,15 @@ from .fields import key_of
 __all__ = ["read_yaml", "yaml_problem"]
 
 
-def yaml_problem(source: str, exc: yaml.YAMLError) -> str:
+def yaml_problem(source: str, exc: yaml.YAMLError, text: str = "") -> str:
     """A YAML syntax error as ``FILE:LINE:COLUMN: what`` (PyYAML's own text names
     ``<unicode string>`` instead of the file, and spreads over several lines)."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a control character: PyYAML says only its offset
+        before = text[:exc.position]
+        line, column = before.count("\n") + 1, exc.position - before.rfind("\n")
+        code = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
+        return (f"{source}:{line}:{column}: not valid YAML: control character U+{code:04X} is not allowed "
+                "anywhere in the file, comments included; delete it")
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     context = getattr(exc, "context", None)
@@ -38,7 +44,10 @@ def read_yaml(text: str, source: str = "<memory>") -> Any:
     ``MAX_YAML_NODES`` nodes (an alias bomb is refused before anything expands it)."""
     if _FLOW_NESTING.search(text):  # PyYAML's scanner slows quadratically per flow level: refuse first
         raise ConfigError(source, [f"(file): nested too deeply (at most {MAX_YAML_DEPTH} levels)"])
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # reads every character first: a control character is refused here
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [yaml_problem(source, exc, text)]) from None
     try:
         try:
             node = loader.get_single_node()

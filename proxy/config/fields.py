@@ -99,6 +99,20 @@ class Reader:
             return ()
         return tuple(value)
 
+    def statuses(self, data: dict[str, Any], key: str, path: str) -> tuple[int, ...]:
+        """A list of HTTP error statuses (``fail_over_on: [404, 422]``), each checked on its own path."""
+        value = data.get(key) or []
+        if not isinstance(value, list):
+            self.problem(f"{path}.{key}", f"expected a list of HTTP statuses (400 to 599), got {value!r}")
+            return ()
+        out: list[int] = []
+        for i, status in enumerate(value):
+            if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+                self.problem(f"{path}.{key}[{i}]", f"expected an HTTP error status, 400 to 599, got {status!r}")
+            else:
+                out.append(status)
+        return tuple(out)
+
     def _refuse(self, path: str, message: str, default: Any) -> Any:
         """A bad value is a problem, and the default stands in so reading can go on."""
         self.problem(path, message)

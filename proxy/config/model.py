@@ -6,6 +6,7 @@ changes here and nowhere else. Nothing here reads files or the environment.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -13,6 +14,7 @@ __all__ = [
     "AZURE_API_VERSION",
     "DEFAULT_STRATEGY",
     "KINDS",
+    "MODEL_IN_PATH",
     "SIGNALS",
     "STRATEGIES",
     "AccessLog",
@@ -31,14 +33,32 @@ __all__ = [
     "Target",
     "TargetKey",
     "Timeouts",
+    "Tracing",
+    "path_segment_problem",
     "split_listen",
 ]
 
 KINDS = ("openai", "anthropic", "simulated", "azure")
+MODEL_IN_PATH = ("azure",)  # kinds whose upstream model is a segment of the request's URL path
 STRATEGIES = ("ordered", "weighted", "fastest", "cheapest", "score")
 DEFAULT_STRATEGY = "ordered"  # a route that names none
 SIGNALS = ("ewma", "p50")
 AZURE_API_VERSION = "2024-10-21"  # the latest GA api-version of Azure OpenAI's data plane
+
+_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def path_segment_problem(model: str) -> str | None:
+    """Why ``model`` cannot be one segment of an upstream URL path, or None. Letters, digits and
+    ``. _ -`` only, and not ``.`` or ``..``: a dot segment climbs the path once a URL library or
+    the upstream normalises it (``/deployments/../chat`` is ``/chat``), and a slash, backslash or
+    percent sign is a second segment or a dot segment to any upstream that decodes before it routes."""
+    if _SEGMENT.fullmatch(model) is None:
+        return "may hold only letters, digits, '.', '_' and '-' (it is a segment of the upstream URL path)"
+    if not model.strip("."):
+        return "is a dot segment, which would climb the upstream URL path"
+    return None
+
 
 TargetKey = tuple[str, str]  # (provider name, upstream model): the unit figures are kept for
 
@@ -73,6 +93,7 @@ class Provider:
     kind: str
     base_url: str = ""
     api_key_env: str | None = None
+    api_key_file: str | None = None  # read at load (and on reload): systemd's $CREDENTIALS_DIRECTORY
     api_key: str | None = field(default=None, repr=False)
     timeouts: Timeouts = Timeouts()
     max_concurrent: int = 0
@@ -86,7 +107,7 @@ class Provider:
 
     @property
     def has_credentials(self) -> bool:
-        return self.api_key_env is None or bool(self.api_key)
+        return (self.api_key_env is None and self.api_key_file is None) or bool(self.api_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +195,7 @@ class Route:
     cooldown: Cooldown = Cooldown()
     score: ScoreWeights = ScoreWeights()
     hedge: Hedge | None = None
+    fail_over_on: tuple[int, ...] = ()  # more upstream statuses that move on (and count), e.g. 404
 
     def __post_init__(self) -> None:
         if self.fastest.load_fit is None:  # unset: on under a race (docs/adr/0008), off as before without one
@@ -211,13 +233,28 @@ class Connections:
 
     A connection has ``header_timeout`` from its opening (or from the first byte of its next
     request) to send a whole request head, and ``body_timeout`` from then to send the body;
-    between requests it may idle ``keepalive_timeout``. Beyond ``max`` open connections a new
-    one is answered 503 and closed. They take effect on restart, like ``listen``."""
+    between requests it may idle ``keepalive_timeout``. A response the client takes no byte of
+    for ``send_timeout`` (it stopped reading) is cut, freeing its upstream call. At ``max`` open
+    connections the one idle longest between requests is closed for a new one; with none idle, a
+    new one is answered 503 and closed. They take effect on restart, like ``listen``."""
 
     max: int = 4096
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     keepalive_timeout: float = 15.0
+    send_timeout: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Tracing:
+    """OpenTelemetry traces (``tracing:``, needs ``firstbyte[otel]``): spans go by OTLP/HTTP to
+    ``otlp`` (a collector's ``/v1/traces``). ``sample`` is the share of new traces kept; a
+    request that arrives with a ``traceparent`` follows its caller's choice."""
+
+    otlp: str | None = None
+    sample: float = 1.0
+    service_name: str = "firstbyte"
+    queue: int = 2048  # spans held for the exporter; more are dropped, never waited for
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +269,7 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_grace: float = 30.0
     connections: Connections = Connections()
+    tracing: Tracing | None = None  # None: no traces (the default)
     source: str = "<memory>"
 
     def target_keys(self) -> set[TargetKey]:

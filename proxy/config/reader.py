@@ -4,7 +4,7 @@
 :class:`ConfigError` listing every problem (``routes.chat.targets[1].provider: unknown
 provider 'grok'``). Defaults come from the model's dataclasses. Nothing here opens sockets or
 databases; the server builds those from a valid Config. Provider keys are read from the
-environment at load time, so a reload picks up a rotated key.
+environment or a file at load time (``credentials.py``), so a reload picks up a rotated key.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from yarl import URL
 
 from ..errors import ConfigError
+from .credentials import HEADER_SAFE, provider_key
 from .document import read_yaml
 from .fields import Flag, Num, Reader, Spec, Text, default, fill, key_of, section, show
 from .model import (
@@ -42,12 +43,12 @@ from .model import (
     Target,
     Timeouts,
 )
+from .tracing import tracing_section
 
 __all__ = ["load_config", "parse_config"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._:/@+\-]+$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
-_HEADER_SAFE = re.compile(r"[\x20-\x7e]+")
 _LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):\d{1,5}$")
 _CREDENTIALS = ("authorization", "x-api-key", "api-key", "proxy-authorization", "cookie")
 # Headers a provider's `headers:` may not set: credentials (secrets never sit in the file: use
@@ -75,21 +76,21 @@ _COOLDOWN: dict[str, Spec] = {"failures": Num(low=1, integer=True), "secs": Num(
 _SCORE: dict[str, Spec] = {k: Num(low=0) for k in ("speed", "cost", "health", "quality")}
 _CONNECTIONS: dict[str, Spec] = {
     "max": Num(low=1, integer=True), "header_timeout": Num(low=0.01), "body_timeout": Num(low=0.01),
-    "keepalive_timeout": Num(low=0.01),
+    "keepalive_timeout": Num(low=0.01), "send_timeout": Num(low=0.01),
 }
 _ACCESS_LOG: dict[str, Spec] = {"format": Text(("text", "json")), "path": Text()}
 _LEDGER: dict[str, Spec] = {"path": Text(), "retention_days": Num(low=0.001), "queue": Num(low=1, integer=True)}
 
-_PROVIDER_KEYS = ("kind", "base_url", "api_key_env", "timeouts", "max_concurrent", "queue", "simulate",
-                  "anthropic_version", "default_max_tokens", "responses", "headers", "api_version")
+_PROVIDER_KEYS = ("kind", "base_url", "api_key_env", "api_key_file", "timeouts", "max_concurrent", "queue",
+                  "simulate", "anthropic_version", "default_max_tokens", "responses", "headers", "api_version")
 _TARGET_KEYS = ("provider", "model", "name", "retry", "weight", "quality", "context_window", "price")
 _ROUTE_KEYS = ("strategy", "targets", "fastest", "allow", "deny", "min_context_window", "min_quality",
-               "cooldown", "score", "hedge")
+               "cooldown", "score", "hedge", "fail_over_on")
 _TOP_KEYS = ("listen", "ops_listen", "clients", "access_log", "ledger", "providers", "routes", "max_body_bytes",
-             "shutdown_grace", "connections")
+             "shutdown_grace", "connections", "tracing")
 
 
-def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provider | None:
+def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str], base: Path) -> Provider | None:
     path = f"providers.{name}"
     data = r.mapping(raw, path, _PROVIDER_KEYS)
     if not _NAME.match(name):
@@ -100,12 +101,7 @@ def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provide
             r.problem(f"{path}.kind", f"required (one of {', '.join(KINDS)})")
         return None
     base_url = _base_url(r, data, path, kind)
-    key_env = r.string(data, "api_key_env", path, None)
-    api_key = env.get(key_env) if key_env else None
-    if api_key and not _HEADER_SAFE.fullmatch(api_key):
-        # Never the value: only that it would split the upstream request's headers.
-        r.problem(f"{path}.api_key_env", f"environment variable {key_env} holds a character other than "
-                  "printable ASCII (a CR/LF would split the upstream request's headers); remove it")
+    key_env, key_file, api_key = provider_key(r, data, path, env, base)
     timeouts = section(r, Timeouts, data.get("timeouts"), f"{path}.timeouts", _TIMEOUTS)
     if "simulate" in data and kind != "simulated":
         r.problem(f"{path}.simulate", "only for kind simulated")
@@ -115,12 +111,8 @@ def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str]) -> Provide
     if "api_version" in data and kind != "azure":
         r.problem(f"{path}.api_version", "only for kind azure")
     return Provider(
-        name=name,
-        kind=kind,
-        base_url=base_url,
-        api_key_env=key_env,
-        api_key=api_key,
-        timeouts=timeouts,
+        name=name, kind=kind, base_url=base_url,
+        api_key_env=key_env, api_key_file=key_file, api_key=api_key, timeouts=timeouts,
         max_concurrent=r.number(data, "max_concurrent", path, default(Provider, "max_concurrent"), low=0,
                                 integer=True),
         queue=r.number(data, "queue", path, default(Provider, "queue"), low=0, integer=True),
@@ -139,10 +131,8 @@ def _base_url(r: Reader, data: dict[str, Any], path: str, kind: str) -> str:
     base_url = r.string(data, "base_url", path, default(Provider, "base_url"))
     if kind != "simulated" and not base_url:
         r.problem(f"{path}.base_url", f"required for kind {kind}")
-    elif base_url:
-        problem = _url_problem(base_url)
-        if problem:
-            r.problem(f"{path}.base_url", f"{problem}, got {show(base_url)}")
+    elif base_url and (problem := _url_problem(base_url)):
+        r.problem(f"{path}.base_url", f"{problem}, got {show(base_url)}")
     return (base_url or "").rstrip("/")
 
 
@@ -271,6 +261,7 @@ def _route(r: Reader, name: str, raw: Any, providers: Mapping[str, Provider]) ->
         cooldown=cooldown,
         score=score,
         hedge=_hedge(r, data.get("hedge"), f"{path}.hedge"),
+        fail_over_on=r.statuses(data, "fail_over_on", path),
     )
 
 
@@ -302,7 +293,7 @@ def _url_problem(url: str) -> str | None:
     """What makes ``url`` unusable as a provider's base URL, or None."""
     if not url.startswith(("http://", "https://")):
         return "must start with http:// or https://"
-    if not _HEADER_SAFE.fullmatch(url) or " " in url:
+    if not HEADER_SAFE.fullmatch(url) or " " in url:
         return "must be printable ASCII without spaces"
     try:
         parsed = URL(url)
@@ -320,7 +311,8 @@ def _url_problem(url: str) -> str | None:
 
 def _named(r: Reader, data: dict[str, Any], key: str, what: str) -> dict[str, Any]:
     """``providers`` or ``routes``: a mapping by name, at least one."""
-    raw = r.mapping(data.get(key), key, tuple(data.get(key) or ()))
+    value = data.get(key)
+    raw = r.mapping(value, key, tuple(value) if isinstance(value, dict) else ())  # any name; not a list
     if not raw:
         r.problem(key, f"required: at least one {what}")
     return raw
@@ -335,7 +327,7 @@ def _clients(r: Reader, raw: Any, env: Mapping[str, str]) -> Clients:
         keys = tuple(k.strip() for k in env.get(keys_env, "").split(",") if k.strip())
         if not keys:
             r.problem("clients.keys_env", f"environment variable {keys_env} is unset or empty")
-        elif not all(_HEADER_SAFE.fullmatch(k) for k in keys):
+        elif not all(HEADER_SAFE.fullmatch(k) for k in keys):
             r.problem("clients.keys_env", f"environment variable {keys_env} holds a key with a character "
                       "other than printable ASCII; no client could send it in a header")
     return Clients(keys_env=keys_env, keys=keys)
@@ -344,6 +336,7 @@ def _clients(r: Reader, raw: Any, env: Mapping[str, str]) -> Clients:
 def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "<memory>") -> Config:
     """Validate a loaded YAML document; raise ConfigError naming every problem."""
     env = os.environ if env is None else env
+    base = Path(source).parent if source != "<memory>" else Path.cwd()  # where a relative api_key_file is
     problems: list[str] = []
     r = Reader(problems)
     data = r.mapping(raw, "(top)", _TOP_KEYS)
@@ -354,7 +347,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
             r.problem(key, f"expected HOST:PORT, got {show(value)}")
     providers: dict[str, Provider] = {}
     for pname, praw in _named(r, data, "providers", "provider").items():
-        provider = _provider(r, key_of(pname), praw, env)
+        provider = _provider(r, key_of(pname), praw, env, base)
         if provider is not None:
             providers[str(pname)] = provider
     routes: dict[str, Route] = {}
@@ -378,6 +371,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
                                 integer=True),
         shutdown_grace=r.number(data, "shutdown_grace", "(top)", default(Config, "shutdown_grace"), low=0),
         connections=section(r, Connections, data.get("connections"), "connections", _CONNECTIONS),
+        tracing=tracing_section(r, data.get("tracing")),
         source=source,
     )
     if problems:

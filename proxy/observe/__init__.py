@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from ..routing.decision import Decision
+from ..traceparent import TraceContext
 
 
 class Finished(NamedTuple):
@@ -33,6 +34,7 @@ class Finished(NamedTuple):
     error: str | None = None  # why a committed stream ended early, or the error code answered
     request_id: str | None = None  # the answer's x-request-id when there is no decision
     asked: str | None = None  # the model (route) the client asked for, when there is no decision
+    trace: TraceContext | None = None  # tracing on: the request's trace ids and its attempts' spans
 
 
 class Observer(Protocol):

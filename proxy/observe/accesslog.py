@@ -13,7 +13,9 @@ enough to do on the loop, and batching keeps it to a few syscalls per interval
 however busy the proxy is. A buffer that grows past ``MAX_BUFFERED`` lines
 (the stream is stuck) drops new lines and counts them rather than growing.
 
-Text format: ``TIME key=value ... decision="..."``. Bare values are
+Text format: ``TIME start=START key=value ... decision="..."``. A line is written when its
+exchange ends, so ``TIME`` (``time`` in JSON) is the end, and lines are in the order of their
+times; ``start`` is when the request arrived (``total`` seconds before the end). Bare values are
 ``[^\\s"]+``; anything else (a path with a space, the decision) is written as a
 JSON string with ASCII escapes, so no client-chosen byte can start a new line
 and a reader can parse every field with one regex plus ``json.loads``.
@@ -64,7 +66,8 @@ def _fields(finished: Finished) -> dict[str, Any]:
     d = finished.decision
     usage = d.usage if d is not None else {}
     return {
-        "time": _iso(finished.started),
+        "time": _iso(finished.started + finished.total),
+        "start": _iso(finished.started),
         "id": d.id if d is not None else finished.request_id,
         "client": finished.client,
         "method": finished.method,
@@ -122,7 +125,7 @@ def _num(value: float | None, places: str = ".3f") -> str:
 
 
 def format_text(finished: Finished) -> str:
-    """One greppable line: the time first, then ``key=value`` pairs, the decision last.
+    """One greppable line: the end time first, then ``key=value`` pairs (``start`` first), the decision last.
 
     Built in one f-string: this runs for every request, so it avoids the generic
     field loop that :func:`format_json` uses. Anything a client could choose
@@ -150,7 +153,8 @@ def format_text(finished: Finished) -> str:
         # Always quoted (it holds spaces and ';'); ASCII in practice, escaped like any other value if not.
         decision = orjson.dumps(header).decode() if header.isascii() else json.dumps(header, ensure_ascii=True)
     error = "" if finished.error is None else f" error={_text_value(finished.error)}"
-    return (f"{_iso(finished.started)} id={rid} client={t(finished.client)} method={t(finished.method)} "
+    return (f"{_iso(finished.started + finished.total)} start={_iso(finished.started)} id={rid} "
+            f"client={t(finished.client)} method={t(finished.method)} "
             f"path={t(finished.path)} status={finished.status} {routed} "
             f"stream={'true' if finished.stream else 'false'} ttfc={_num(finished.ttfc)} "
             f"total={finished.total:.3f} bytes={finished.bytes_sent} {tokens}{error} decision={decision}")

@@ -1,6 +1,7 @@
 """The observers a config asks for, built at start, rebuilt on reload, closed on stop.
 
-Access log, metrics and (when ``ledger.path`` is set) the decision ledger. The
+Access log, metrics, the status page's history, (when ``ledger.path`` is set) the decision
+ledger and (when ``tracing`` is set) the span exporter. The
 metrics gauges that describe state rather than traffic (figures, breakers, in
 flight) are copied from the state's snapshot when /metrics is scraped: the hub reads
 records, never the live state.
@@ -14,11 +15,13 @@ from typing import TYPE_CHECKING
 from ..config import Config
 from . import Observer
 from .accesslog import AccessLog
+from .history import History
 from .ledger import Ledger
 from .metrics import Metrics, hedged_from_config, names_from_config
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
+    from .tracing import Traces
 
 log = logging.getLogger("firstbyte")
 
@@ -28,15 +31,19 @@ class Hub:
         self.config = config
         self.access_log = AccessLog(config.access_log)
         self.metrics = Metrics.from_config(config)
+        self.history = History(config)
+        self.traces = _traces(config)
         self.ledger: Ledger | None = None
         if config.ledger.path:
             self.ledger = Ledger(config.ledger.path, config.ledger.retention_days, config.ledger.queue)
 
     @property
     def observers(self) -> list[Observer]:
-        out: list[Observer] = [self.access_log, self.metrics]
+        out: list[Observer] = [self.access_log, self.metrics, self.history]
         if self.ledger is not None:
             out.append(self.ledger)
+        if self.traces is not None:
+            out.append(self.traces)
         return out
 
     async def start(self) -> None:
@@ -53,7 +60,14 @@ class Hub:
         old = self.config
         self.config = config
         self.metrics.reconfigure(*names_from_config(config), hedged_from_config(config))
+        self.history.reconfigure(config)
         retired: list[Observer] = []
+        if config.tracing != old.tracing:
+            if self.traces is not None:
+                retired.append(self.traces)
+            self.traces = _traces(config)
+        elif self.traces is not None:
+            self.traces.reconfigure(config)  # the targets' models and providers, for attempt spans
         if config.access_log != old.access_log:
             retired.append(self.access_log)
             self.access_log = AccessLog(config.access_log)
@@ -82,7 +96,10 @@ class Hub:
     def scrape(self, gateway: Gateway) -> tuple[bytes, str]:
         """Render /metrics after copying the state's snapshot into its gauges."""
         seen: set[str] = set()
+        healthy = dict.fromkeys(gateway.config.routes, 0)  # per route: breaker closed, no Retry-After cooling
         for figures in gateway.state.snapshot(gateway.config, gateway.clock()):
+            if figures.health.state == "closed" and figures.health.cooling <= 0:
+                healthy[figures.route] = healthy.get(figures.route, 0) + 1
             name = figures.target.name
             if name in seen:  # a target two routes share is one series, as its first route sees it
                 continue
@@ -90,9 +107,11 @@ class Hub:
             for mode, series in figures.modes.items():
                 self.metrics.set_figure(name, series.figure, mode)
             self.metrics.set_target_state(name, figures.health.state, figures.in_flight)
+        for route, count in healthy.items():
+            self.metrics.set_route_healthy(route, count)
         if self.ledger is not None:
             self.metrics.set_ledger_dropped(self.ledger.dropped)
-        self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at)
+        self.metrics.set_reload(gateway.reload_ok, gateway.loaded_at, gateway.reloads)
         for guard in gateway.guards:
             self.metrics.set_connections(guard.name, guard.open, guard.closed)
         return self.metrics.render()
@@ -103,3 +122,13 @@ class Hub:
                 await observer.close()
             except Exception:
                 log.exception("observer %s failed to close", type(observer).__name__)
+
+
+def _traces(config: Config) -> Traces | None:
+    """The span exporter when ``tracing`` is set; imported only then (the SDK is an extra)."""
+    if config.tracing is None:
+        return None
+    from .tracing import Traces
+
+    return Traces(config.tracing, config)
+

@@ -16,17 +16,15 @@ targets that no longer exist.
 
 from __future__ import annotations
 
-import math
 import re
-from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
-from typing import cast
 
-from aioprometheus import Counter, Gauge, Histogram, Registry, histogram, render
+from aioprometheus import Counter, Gauge, Histogram, Registry, render
 
 from ..config import Config
 from ..routing.decision import RACE_WORDS, duplicate_calls
 from . import Finished
+from .histograms import ClientLatency, observe_many
 
 __all__ = [
     "BREAKER_STATES",
@@ -121,6 +119,10 @@ _SERIES: tuple[tuple[str, type[Counter | Gauge | Histogram], str, str], ...] = (
      "1 if the last config load (start or SIGHUP reload) was taken, 0 if it was refused."),
     ("reload_at", Gauge, "firstbyte_config_last_reload_success_timestamp_seconds",
      "Epoch seconds of the last config load that was taken."),
+    ("reloads", Counter, "firstbyte_config_reloads_total",
+     "SIGHUP reloads since start, by result (taken, refused: the running config stayed)."),
+    ("route_healthy", Gauge, "firstbyte_route_healthy_targets",
+     "Targets of a route whose breaker is closed and that no Retry-After cools down (0: none healthy)."),
     ("connections", Gauge, "firstbyte_connections", "Client connections open now, per listener."),
     ("connections_closed", Counter, "firstbyte_connections_closed_total",
      "Client connections firstbyte cut itself, per listener and reason (header_timeout, "
@@ -151,6 +153,8 @@ class Metrics:
     budget_exhausted: Counter
     reload_ok: Gauge
     reload_at: Gauge
+    reloads: Counter
+    route_healthy: Gauge
     connections: Gauge
     connections_closed: Counter
 
@@ -175,6 +179,7 @@ class Metrics:
         self._counts: dict[_Key, int] = {}
         self._spent: list[tuple[str, str, dict[str, int], float | None]] = []
         self._observed: list[tuple[str, float]] = []
+        self.client = ClientLatency(self.registry)  # what the clients saw, per route and status
         self._expect_races(hedged or {})
 
     @classmethod
@@ -191,6 +196,9 @@ class Metrics:
             for labels, _ in gauge.get_all():
                 if labels.get("target") not in self.targets:
                     del gauge.values[labels]
+        for labels, _ in self.route_healthy.get_all():
+            if labels.get("route") not in self.routes:
+                del self.route_healthy.values[labels]
         self._expect_races(hedged or {})
 
     def _expect_races(self, hedged: Mapping[str, Iterable[str]]) -> None:
@@ -236,6 +244,9 @@ class Metrics:
         """Count the exchange under its raw names; labels are bounded and handed to aioprometheus
         at scrape time (see _apply), once per distinct combination rather than once per request."""
         d = finished.decision
+        if finished.operation:  # a routed endpoint: its latency as the client saw it
+            self.client.note(d.route if d is not None else finished.asked, finished.status, finished.ttfc,
+                             finished.total)
         if d is None:
             key: _Key = (None, None, finished.status, None, (), 0)
         else:
@@ -256,7 +267,7 @@ class Metrics:
         counts = self._counts
         counts[key] = counts.get(key, 0) + 1
         if len(self._observed) >= MAX_PENDING or len(counts) >= MAX_PENDING or len(self._spent) >= MAX_PENDING \
-                or len(self._races) >= MAX_PENDING:
+                or len(self._races) >= MAX_PENDING or self.client.pending >= MAX_PENDING:
             self._apply()
 
     def _apply(self) -> None:
@@ -302,13 +313,18 @@ class Metrics:
                 add(self.cost, (("route", self._route(route_name)), ("target", served)), cost)
         for (name, labels), amount in pending.items():
             self._counters[name].add(dict(labels), amount)
+        self._apply_first_chunks()
+        self.client.apply(self._route, self._status)
+
+    def _apply_first_chunks(self) -> None:
+        """The first-chunk observations since the last scrape, bucketed per target in one batch."""
         observed, self._observed = self._observed, []
         by_target: dict[str, list[float]] = {}
         for target, seconds in observed:
             if seconds >= 0:
                 by_target.setdefault(self._target(target), []).append(seconds)
         for target, values in by_target.items():
-            _observe_many(self.first_chunk, {"target": target}, values)
+            observe_many(self.first_chunk, {"target": target}, values)
 
     async def close(self) -> None:
         """Nothing to flush: the registry lives in memory until the process ends."""
@@ -336,6 +352,10 @@ class Metrics:
         self.breaker_state.set(labels, state)
         self.in_flight.set(labels, in_flight)
 
+    def set_route_healthy(self, route: str, healthy: int) -> None:
+        """How many of a route's targets are healthy now (read at scrape time)."""
+        self.route_healthy.set({"route": self._route(route)}, healthy)
+
     def set_connections(self, listener: str, open_now: int, closed: dict[str, int]) -> None:
         """A listener's open connections and the ones it cut, by reason (read at scrape time)."""
         self.connections.set({"listener": listener}, open_now)
@@ -345,29 +365,14 @@ class Metrics:
     def set_ledger_dropped(self, count: int) -> None:
         self.ledger_dropped.set({}, count)
 
-    def set_reload(self, ok: bool, taken_at: float) -> None:
+    def set_reload(self, ok: bool, taken_at: float, reloads: Mapping[str, int] | None = None) -> None:
         self.reload_ok.set({}, 1 if ok else 0)
         self.reload_at.set({}, taken_at)
+        for result, count in (reloads or {}).items():
+            self.reloads.set({"result": result}, count)
 
     def render(self, accepts: Sequence[str] = ()) -> tuple[bytes, str]:
         """The Prometheus text exposition and its Content-Type for ``GET /metrics``."""
         self._apply()
         body, headers = render(self.registry, list(accepts))
         return body, headers["Content-Type"]
-
-
-def _observe_many(collector: Histogram, labels: dict[str, str], values: list[float]) -> None:
-    """Many observations into one labelled histogram: its label lookup once, buckets by bisection
-    (``Histogram.observe`` walks every bucket and checks the labels for each value)."""
-    collector.observe(labels, values[0])  # creates the series when it is new
-    h = cast(histogram.Histogram, collector.get_value(labels))
-    bounds = list(h.buckets)
-    per_bucket = [0] * len(bounds)
-    for value in values[1:]:
-        per_bucket[bisect_left(bounds, value)] += 1
-    running = 0
-    for bound, n in zip(bounds, per_bucket, strict=True):
-        running += n
-        h.buckets[bound] += running
-    h.sum += math.fsum(values[1:])
-    h.observations += len(values) - 1

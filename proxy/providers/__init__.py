@@ -1,14 +1,17 @@
-"""Provider adapters, by kind: the only code that knows a provider's wire format."""
+"""Provider adapters, by kind: the only code that knows a provider's wire format, and the registry of kinds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..upstream.transport import Transport
 from .anthropic import AnthropicAdapter
 from .azure import AzureAdapter
 from .base import Adapter, Call, UpstreamRequest
 from .messages_via_chat import ReverseMessages
 from .openai import OpenAIAdapter
 from .responses_via_chat import PassthroughResponses, TranslatedResponses
-from .simulated import SimulatedAdapter
+from .simulated import SimTransport, SimulatedAdapter
 
 ADAPTERS: dict[str, Adapter] = {
     "openai": OpenAIAdapter(),
@@ -24,10 +27,18 @@ _MESSAGES: dict[str, Adapter] = {
 
 # /v1/responses: as it is to a provider that serves it (responses: true), else through its chat API.
 _RESPONSES: dict[str, Adapter] = {
-    kind: TranslatedResponses(adapter, reasoning=kind in ("openai", "azure"), json_format=kind != "anthropic")
+    kind: TranslatedResponses(adapter, reasoning=kind in ("openai", "azure"))
     for kind, adapter in ADAPTERS.items()
 }
 _PASSTHROUGH_RESPONSES = PassthroughResponses()
+
+# Kinds served in this process rather than over HTTP bring their own transport, one per gateway.
+IN_PROCESS: dict[str, Callable[[], Transport]] = {"simulated": SimTransport}
+
+
+def transports(http: Transport) -> dict[str, Transport]:
+    """The transport for each provider kind: ``http`` for all but those served in process."""
+    return {kind: IN_PROCESS[kind]() if kind in IN_PROCESS else http for kind in ADAPTERS}
 
 
 def adapter_for(kind: str, op: str, responses: bool = False) -> Adapter:
@@ -40,4 +51,4 @@ def adapter_for(kind: str, op: str, responses: bool = False) -> Adapter:
     return ADAPTERS[kind]
 
 
-__all__ = ["ADAPTERS", "Adapter", "Call", "UpstreamRequest", "adapter_for"]
+__all__ = ["ADAPTERS", "Adapter", "Call", "UpstreamRequest", "adapter_for", "transports"]

@@ -18,16 +18,16 @@ import time
 import orjson
 
 from ..config import Provider, Target
-from .anthropic_to_chat import (
+from ..translate.anthropic_to_chat import (
     AnthropicStreamToOpenAI,
     anthropic_error_to_openai,
     anthropic_to_openai_response,
     is_anthropic_context_overflow,
 )
+from ..translate.chat_to_anthropic import TranslationError, json_tool_of, openai_to_anthropic_request
+from ..translate.first_token import AnthropicFirstToken, FirstToken
+from ..translate.usage_taps import AnthropicUsageTap
 from .base import Call, StreamTranslator, UpstreamRequest
-from .chat_to_anthropic import TranslationError, openai_to_anthropic_request
-from .first_token import AnthropicFirstToken, FirstToken
-from .usage_taps import AnthropicUsageTap
 
 __all__ = ["AnthropicAdapter"]
 
@@ -54,7 +54,8 @@ class AnthropicAdapter:
             body = openai_to_anthropic_request(call.body, target.model, provider.default_max_tokens)
         else:
             raise TranslationError(
-                f"Anthropic targets serve chat completions and messages, not {call.op}"
+                "model", f"Anthropic targets serve chat completions and messages, not {call.op}; "
+                "use a route whose targets serve it"
             )
         headers = anthropic_headers(provider, call.beta)
         return UpstreamRequest("POST", provider.base_url + "/messages", headers, orjson.dumps(body))
@@ -72,13 +73,15 @@ class AnthropicAdapter:
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
         if call.op == "messages":
             return body
-        answer = anthropic_to_openai_response(orjson.loads(body), target.model, created=int(time.time()))
+        answer = anthropic_to_openai_response(orjson.loads(body), target.model, created=int(time.time()),
+                                              json_tool=json_tool_of(call.body))
         return orjson.dumps(answer)
 
     def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
         if call.op == "messages":
             return AnthropicUsageTap()
-        return AnthropicStreamToOpenAI(target.model, call.wants_usage, created=int(time.time()))
+        return AnthropicStreamToOpenAI(target.model, call.wants_usage, created=int(time.time()),
+                                       json_tool=json_tool_of(call.body))
 
     def first_token(self, call: Call) -> FirstToken:
         return AnthropicFirstToken()

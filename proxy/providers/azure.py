@@ -15,7 +15,8 @@ from urllib.parse import quote
 
 import orjson
 
-from ..config import Provider, Target
+from ..config import Provider, Target, path_segment_problem
+from ..translate.chat_to_anthropic import TranslationError
 from .base import PATHS, Call, UpstreamRequest
 from .openai import OpenAIAdapter, upstream_body
 
@@ -24,6 +25,11 @@ __all__ = ["AzureAdapter"]
 
 class AzureAdapter(OpenAIAdapter):
     def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
+        """The deployment is a path segment: one that could leave ``/deployments/`` (``..``, a
+        slash) is refused here too, whichever way it came (a pin is refused before, at planning)."""
+        problem = path_segment_problem(target.model)
+        if problem is not None:
+            raise TranslationError("model", f"the Azure deployment {target.model!r} {problem}")
         body = upstream_body(target, call)
         del body["model"]  # the deployment in the URL names the model
         headers = {"content-type": "application/json"}

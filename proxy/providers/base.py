@@ -8,13 +8,15 @@ transport and the session.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Provider, Target
-from .first_token import FirstToken
-from .sse import data_frame
+from ..translate.first_token import FirstToken
+from ..upstream.transport import UpstreamRequest  # what an adapter builds: the wire's record
+
+if TYPE_CHECKING:
+    from ..traceparent import TraceContext
 
 PATHS = {
     "chat": "/chat/completions",
@@ -34,15 +36,7 @@ class Call:
     stream: bool
     wants_usage: bool = False  # the client itself asked for stream_options.include_usage
     beta: str | None = None  # the client's anthropic-beta header, for Anthropic targets only
-
-
-@dataclass(slots=True)  # built per request: a frozen init costs about three times as much
-class UpstreamRequest:
-    method: str
-    url: str
-    headers: Mapping[str, str]
-    body: bytes
-    extra: dict[str, Any] = field(default_factory=dict)
+    trace: TraceContext | None = None  # tracing on: stamps each attempt's traceparent (proxy/traceparent.py)
 
 
 class StreamTranslator(Protocol):
@@ -64,12 +58,6 @@ class StreamTranslator(Protocol):
     def error_event(self, message: str) -> bytes:
         """The event that ends a stream broken after commit, in the client's shape."""
         ...
-
-
-def openai_error_event(message: str) -> bytes:
-    """The relay's closing error event in OpenAI's stream shape."""
-    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "stream_interrupted"}}
-    return data_frame(err)
 
 
 class Adapter(Protocol):

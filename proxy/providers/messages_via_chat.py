@@ -16,11 +16,11 @@ from dataclasses import replace
 import orjson
 
 from ..config import Provider, Target
+from ..translate.chat_to_messages import OpenAIStreamToAnthropic, openai_to_anthropic_response
+from ..translate.chat_to_messages import error_event as anthropic_error_event
+from ..translate.first_token import FirstToken
+from ..translate.messages_to_chat import anthropic_to_openai_request
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
-from .chat_to_messages import OpenAIStreamToAnthropic, openai_to_anthropic_response
-from .chat_to_messages import error_event as anthropic_error_event
-from .first_token import FirstToken
-from .messages_to_chat import anthropic_to_openai_request
 
 __all__ = ["ReverseMessages"]
 
@@ -30,6 +30,11 @@ class _MessagesStream(OpenAIStreamToAnthropic):
 
     def error_event(self, message: str) -> bytes:
         return anthropic_error_event(message)
+
+
+def _stops(call: Call) -> list[str]:
+    stops = call.body.get("stop_sequences")
+    return [s for s in stops if isinstance(s, str)] if isinstance(stops, list) else []
 
 
 class ReverseMessages:
@@ -50,10 +55,10 @@ class ReverseMessages:
         return body
 
     def translate_body(self, call: Call, target: Target, body: bytes) -> bytes:
-        return orjson.dumps(openai_to_anthropic_response(orjson.loads(body), target.model))
+        return orjson.dumps(openai_to_anthropic_response(orjson.loads(body), target.model, _stops(call)))
 
     def stream_translator(self, call: Call, target: Target) -> StreamTranslator:
-        return _MessagesStream(target.model)
+        return _MessagesStream(target.model, _stops(call))
 
     def first_token(self, call: Call) -> FirstToken:
         return self.inner.first_token(call)  # the upstream speaks the inner kind's stream

@@ -15,10 +15,10 @@ import orjson
 
 from ..config import Provider, Target
 from ..errors import normalise_upstream_error
+from ..translate.first_token import FirstToken, OpenAIFirstToken
+from ..translate.tokens import says_context_overflow
+from ..translate.usage_taps import OpenAIUsageTap
 from .base import PATHS, Call, StreamTranslator, UpstreamRequest
-from .first_token import FirstToken, OpenAIFirstToken
-from .tokens import says_context_overflow
-from .usage_taps import OpenAIUsageTap
 
 
 def is_openai_error(body: bytes) -> bool:

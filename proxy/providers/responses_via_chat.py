@@ -20,14 +20,13 @@ import orjson
 
 from ..config import Provider, Target
 from ..errors import StreamError
+from ..translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
+from ..translate.first_token import FirstToken, ResponsesFirstToken
+from ..translate.responses_to_chat import responses_to_chat
+from ..translate.sse import EventFramer, event_frame, json_object, split_events
+from ..translate.usage import usage_from_responses
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
-from .chat_to_anthropic import TranslationError
-from .chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response
-from .first_token import FirstToken, ResponsesFirstToken
 from .openai import OpenAIAdapter
-from .responses_to_chat import responses_to_chat
-from .sse import EventFramer, event_frame, json_object, split_events
-from .usage import usage_from_responses
 
 __all__ = ["PassthroughResponses", "ResponsesUsageTap", "TranslatedResponses"]
 
@@ -65,8 +64,7 @@ class ResponsesUsageTap:
         """An ``error`` event numbered after the last one relayed."""
         found = _SEQUENCE.findall(self._last)
         seq = int(found[-1]) + 1 if found else 0
-        event = {"type": "error", "code": "stream_interrupted", "message": message, "param": None,
-                 "sequence_number": seq}
+        event = {**error_payload(message), "sequence_number": seq}
         return event_frame("error", event)
 
     def _count(self, block: bytes) -> None:
@@ -128,16 +126,11 @@ class _Chained:
 class TranslatedResponses:
     """``/v1/responses`` to a target that speaks only chat completions (of any kind)."""
 
-    def __init__(self, inner: Adapter, *, reasoning: bool = True, json_format: bool = True) -> None:
+    def __init__(self, inner: Adapter, *, reasoning: bool = True) -> None:
         self.inner = inner
         self.reasoning = reasoning  # the kind takes reasoning_effort (OpenAI-compatible ones do)
-        self.json_format = json_format  # the kind's chat API honours response_format
 
     def _chat(self, call: Call, model: str) -> Call:
-        if not self.json_format and ((call.body.get("text") or {}).get("format") or {}).get("type") in (
-                "json_schema", "json_object"):
-            raise TranslationError("text.format JSON output has no equivalent in this target's API; "
-                                   "route it to an OpenAI-compatible target")
         chat = responses_to_chat(call.body, model, reasoning=self.reasoning)
         return replace(call, op="chat", body=chat, wants_usage=True)
 

@@ -57,6 +57,9 @@ TOTAL = ""
 # ``measuring`` (an explored loser still running to its own first token), ``measured`` (it got
 # there), ``capped`` (cut at its cap first).
 RACE_WORDS = frozenset({"lost", "measuring", "measured", "capped"})
+# Attempts that are no failover: a racer's end, and a request no call was made for (the
+# request, not the target, could not go there: counting it would inflate the failover rate).
+NOT_MOVED_PAST = RACE_WORDS | {"untranslatable"}
 
 
 class Ranked(NamedTuple):
@@ -125,7 +128,8 @@ class Decision:
 
     @property
     def failovers(self) -> int:
-        """Targets moved past before one answered (retries on one target do not count). Attempts
+        """Targets moved past before one answered (retries on one target, and targets the request
+        could not be translated for, do not count). Attempts
         are in the order they started: only those before the served target's first attempt were
         moved past; a racer that lost to it, or failed while it already ran, was not."""
         if len(self.attempts) < 2:
@@ -136,7 +140,7 @@ class Decision:
             name = attempt.name
             if name == served:
                 return len(moved)
-            if attempt.outcome not in RACE_WORDS and name not in moved:
+            if attempt.outcome not in NOT_MOVED_PAST and name not in moved:
                 moved.append(name)
         return max(0, len(moved) - 1)  # nobody served: the last one tried was not moved past
 

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..config import Config, Route, Target
+from ..config import MODEL_IN_PATH, Config, Route, Target, path_segment_problem
 from ..errors import ClientError
 from ..state.tracker import STREAMED
 from .decision import Decision, Excluded, Ranked
@@ -60,6 +60,11 @@ def find_route(config: Config, model: str) -> tuple[Route, bool]:
         return route, False
     provider, sep, upstream = model.partition("/")
     if sep and upstream and provider in config.providers:
+        kind = config.providers[provider].kind
+        problem = path_segment_problem(upstream) if kind in MODEL_IN_PATH else None
+        if problem is not None:  # it would leave the provider's path (an Azure deployment's URL)
+            raise Refused(400, f"The model '{model}' pins {kind} provider '{provider}' to '{upstream}', "
+                               f"which {problem}.", code="invalid_model")
         target = Target(name=provider, provider=provider, model=upstream)
         return Route(name=model, strategy="ordered", targets=(target,)), True
     if sep:  # route names have no '/': this is a pin to a provider firstbyte does not know

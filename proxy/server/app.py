@@ -24,11 +24,13 @@ from ..errors import ClientError, error_body
 from ..gateway import Gateway
 from ..observe import Finished
 from ..observe.hub import Hub
-from ..providers.usage import priced, usage_of_body
 from ..relay import forward_headers, relay_stream
+from ..routing.cost import priced
 from ..routing.decision import HEADER, Attempt, Decision, Racer, header_with
 from ..routing.plan import Ask, Refused, plan
 from ..state.tracker import BUFFERED, STREAMED
+from ..traceparent import TraceContext, begin
+from ..translate.usage import usage_of_body
 from ..walk.race import walk_route
 from ..walk.result import Answered, Committed, Exhausted, Rejected, Settling
 from .counting import count_tokens
@@ -36,6 +38,7 @@ from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshap
 from .ops import add_ops_routes, explain, health, model, models
 from .replies import GATEWAY, JSON, error_response, request_id
 from .request import check_model, estimate_tokens, parse_call, read_body
+from .status import add_status_routes
 
 CLIENT_CLOSED = 499  # logged, never sent: the client closed the request before its answer started
 
@@ -45,7 +48,7 @@ class Exchange:
     """Book-keeping of one routed request, turned into a Finished record at the end."""
 
     __slots__ = ("asked", "decision", "error", "first_sent", "op", "rid", "sent", "settling", "started",
-                 "status", "stream", "t0")
+                 "status", "stream", "t0", "trace")
 
     def __init__(self, op: str, t0: float) -> None:
         self.op = op
@@ -60,6 +63,7 @@ class Exchange:
         self.first_sent: float | None = None
         self.error: str | None = None
         self.settling: Settling | None = None  # losers still being measured after the answer
+        self.trace: TraceContext | None = None  # tracing on: this request's trace ids
 
     def left(self, attempts: tuple[Attempt, ...], race: tuple[Racer, ...]) -> None:
         """The client left while a race ran and nothing had answered: log what had run."""
@@ -99,7 +103,7 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
         finished = Finished(  # positional: this runs for every request (the field order is Finished's)
             ex.decision, ex.started, request.remote or "-", request.method, request.path, ex.status,
             op, ex.stream, None if ex.first_sent is None else ex.first_sent - ex.t0, end - ex.t0,
-            ex.sent, ex.error, ex.rid, ex.asked)
+            ex.sent, ex.error, ex.rid, ex.asked, ex.trace)
         if ex.settling is None:
             gw.finished(finished)
         else:
@@ -122,6 +126,8 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
         check_model(model)  # it becomes the decision's route field: nothing that breaks the grammar
     ex.stream = call.stream
     ex.asked = model
+    if config.tracing is not None:  # ids and a traceparent per attempt; the spans are built afterwards
+        call.trace = ex.trace = begin(request.headers, config.tracing.sample, ex.t0)
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
     ask = Ask(ex.rid, model, request.headers.get("x-route-provider"), tokens, ex.op,
               STREAMED if call.stream else BUFFERED)
@@ -357,6 +363,8 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     app = web.Application(client_max_size=1 << 40)
     app[GATEWAY] = gw
     add_ops_routes(app, hub)
+    if hub is not None:
+        add_status_routes(app, main=True)  # the status page, refused while client keys are set
     endpoints: list[tuple[str, str, Handler]] = [
         ("POST", "/v1/chat/completions", handler(gw, "chat")),
         ("POST", "/v1/completions", handler(gw, "completions")),

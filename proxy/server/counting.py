@@ -27,10 +27,10 @@ from ..config import Provider, Target
 from ..errors import ClientError
 from ..gateway import Gateway
 from ..providers.anthropic import anthropic_headers
-from ..providers.tokens import estimate_tokens
 from ..routing.plan import Ask, plan
+from ..translate.tokens import estimate_tokens
+from ..upstream.transport import BodyTooLarge, HttpUpstream
 from ..walk.classify import classify_status
-from ..walk.transport import BodyTooLarge, HttpUpstream
 from .dialect import ANTHROPIC, in_dialect
 from .replies import JSON, request_id
 from .request import parse_call, read_body
@@ -43,7 +43,7 @@ MAX_ANSWER = 64 * 1024
 
 
 def estimate_input_tokens(body: dict[str, Any]) -> int:
-    """An estimate of a Messages request's input tokens, the context check's (``providers/tokens.py``),
+    """An estimate of a Messages request's input tokens, the context check's (``translate/tokens.py``),
     at least 1; tool schemas count as input."""
     return max(1, estimate_tokens(body.get("system"), body.get("messages"), body.get("tools")))
 

@@ -13,7 +13,14 @@ real requests get empty replies; and it answers its own parser's errors
   ``body_timeout`` after that (a 408 in the OpenAI shape; a stalled head is
   answered 408 and closed);
 - a connection may idle ``keepalive_timeout`` between requests (aiohttp's own timer);
-- past ``max`` open connections a new one has one second to send its request
+- a response the client takes nothing of for ``send_timeout`` (our socket buffer full and the
+  transport's past its high-water mark: the client stopped reading) is cut: the handler is
+  cancelled, its upstream call and concurrency slot freed, and the exchange logged as the
+  client's doing (:func:`client_fault`), never the target's;
+- at ``max`` open connections the one idle longest between requests (a keep-alive connection
+  with no request under way) is closed to make room: a client pool reconnects, and idle
+  connections cannot lock new clients out;
+- past ``max`` open connections with none idle, a new one has one second to send its request
   head, which is answered 503 in the OpenAI shape (a real request in a flood
   gets an answer, not an empty reply), and is then closed; ``max`` is held
   under what RLIMIT_NOFILE allows, two descriptors per client (its own and an
@@ -35,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+from collections import deque
 from typing import Any, cast
 
 from aiohttp import web
@@ -46,7 +54,7 @@ from ..internals import Internals, checked
 from .dialect import OPENAI, error_bytes
 from .request import BodyTimeout
 
-__all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
+__all__ = ["Guard", "GuardedRunner", "client_fault", "fd_budget", "raise_fd_limit"]
 
 log = logging.getLogger("firstbyte")
 
@@ -54,7 +62,8 @@ OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to 
 LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dropped this long, then close
 FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 JSON = "application/json"
-CLOSE_REASONS = ("header_timeout", "body_timeout", "over_capacity", "evicted", "refused")
+CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "idle_evicted", "over_capacity", "evicted",
+                 "refused")
 
 
 def raise_fd_limit() -> int:
@@ -86,9 +95,10 @@ class Guard:
         self.hard_max = self.max + max(8, self.max // 2)
         self.conns: set[GuardedHandler] = set()
         self.closed: dict[str, int] = dict.fromkeys(CLOSE_REASONS, 0)
-        shortest = min(limits.header_timeout, limits.body_timeout, OVER_CAPACITY_HEAD_TIMEOUT)
+        shortest = min(limits.header_timeout, limits.body_timeout, limits.send_timeout, OVER_CAPACITY_HEAD_TIMEOUT)
         self.interval = min(1.0, max(0.02, shortest / 5))
         self._task: asyncio.Task[None] | None = None
+        self._idle: deque[GuardedHandler] | None = None  # idle connections, oldest first, as of the last sweep
 
     @property
     def open(self) -> int:
@@ -111,6 +121,22 @@ class Guard:
             await asyncio.sleep(self.interval)
             self.sweep(loop.time())
 
+    def evict_idle(self) -> bool:
+        """At the cap: close the connection idle longest between requests, if any.
+
+        The idle ones are listed (oldest first) once per sweep at most, not per new connection, so a
+        flood past the cap costs one scan per sweep; each is checked again when its turn comes."""
+        if self._idle is None:
+            self._idle = deque(sorted((c for c in self.conns if c.idle), key=GuardedHandler.idle_order))
+        while self._idle:
+            conn = self._idle.popleft()
+            if conn in self.conns and conn.idle:
+                self.closed["idle_evicted"] += 1
+                self.conns.discard(conn)
+                conn.force_close()
+                return True
+        return False
+
     def make_room(self) -> bool:
         """At the hard limit: close the connection that has waited longest for a request head."""
         oldest: GuardedHandler | None = None
@@ -130,7 +156,14 @@ class Guard:
         """Act on every connection past a deadline; how many there were."""
         limits = self.limits
         due = 0
+        self._idle = None  # listed again when next needed
         for conn in list(self.conns):
+            paused = conn.paused_since
+            if paused is not None and now - paused > limits.send_timeout:
+                due += 1
+                self.closed["send_timeout"] += 1
+                conn.stalled(limits.send_timeout)
+                continue
             since = conn.head_since
             if since is not None:
                 limit = OVER_CAPACITY_HEAD_TIMEOUT if conn.over else limits.header_timeout
@@ -169,10 +202,17 @@ async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
     return response
 
 
+def client_fault(request: web.BaseRequest) -> str | None:
+    """Why the guard cut this request's connection, when it was the client's doing (it stopped
+    reading); None when the client simply left or the connection is not guarded."""
+    return getattr(request.protocol, "fault", None)
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the guard's deadlines, cap and error shape."""
 
-    __slots__ = ("_guard", "body", "body_since", "closing", "head_since", "over")
+    __slots__ = ("_guard", "body", "body_since", "closing", "fault", "head_since", "over", "paused_since",
+                 "refused")
 
     def __init__(self, manager: web.Server, guard: Guard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -182,11 +222,17 @@ class GuardedHandler(RequestHandler):
         self.body_since = 0.0
         self.over = False
         self.closing = False
+        self.refused = False  # closed in connection_made: aiohttp never saw it
+        self.paused_since: float | None = None  # the client has taken none of our bytes since then
+        self.fault: str | None = None  # why the guard cut it for the client's own doing
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
+        if len(guard.conns) >= guard.max:
+            guard.evict_idle()  # room at the cap, from a connection no request is using
         if len(guard.conns) >= guard.hard_max and not guard.make_room():
             guard.closed["refused"] += 1
+            self.refused = True
             transport.close()  # every connection is busy with a real request: no room, no answer
             return
         over = len(guard.conns) >= guard.max
@@ -203,9 +249,9 @@ class GuardedHandler(RequestHandler):
             guard.closed["over_capacity"] += 1
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self not in self._guard.conns:
+        if self.refused:
             return  # refused in connection_made: aiohttp never saw it
-        self._guard.conns.discard(self)
+        self._guard.conns.discard(self)  # an evicted one is gone from the set already
         self.body = None
         super().connection_lost(exc)
 
@@ -222,6 +268,34 @@ class GuardedHandler(RequestHandler):
         elif data and self.head_since is None and (self.body is None or self.body.is_eof()):
             self.body = None
             self.head_since = self._loop.time()  # the first byte of the next request
+
+    @property
+    def idle(self) -> bool:
+        """Kept alive between requests: the last answer is out, no byte of the next has come."""
+        waiter = self._waiter  # aiohttp waits on it for the next request head, and only then
+        return (waiter is not None and not waiter.done() and not self._messages and self.head_since is None
+                and not self.closing)
+
+    def idle_order(self) -> float:
+        """When the connection's keep-alive timer runs out: the earliest has been idle longest."""
+        return float(getattr(self, "_next_keepalive_close_time", 0.0))
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.paused_since = self._loop.time()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.paused_since = None
+
+    def stalled(self, limit: float) -> None:
+        """The client took none of our bytes for ``limit``: cut the connection (no answer could reach
+        it), which cancels the handler and frees whatever it holds upstream."""
+        self.paused_since = None
+        self.fault = f"client stopped reading (no byte taken for {limit:g} s, connections.send_timeout)"
+        transport = self.transport
+        if transport is not None:
+            transport.abort()
 
     def head_timed_out(self, limit: float) -> None:
         """No whole request head in time: say so (408), then close.

@@ -74,6 +74,12 @@ async def health(request: web.Request) -> web.Response:
     """Every target of every route: figures per mode, breaker, failures, in flight, read from the
     state's snapshot like the metrics scrape."""
     gw = request.app[GATEWAY]
+    internals = gw.internals.health() if gw.internals is not None else None  # its internals used, or the fallback
+    return json_response({"targets": health_rows(gw), "aiohttp": internals})
+
+
+def health_rows(gw: Gateway) -> list[dict[str, Any]]:
+    """The rows of ``/v1/health``, which the status page shows too: one snapshot, two readers."""
     config = gw.config
     out = []
     for figures in gw.state.snapshot(config, gw.clock()):
@@ -96,8 +102,7 @@ async def health(request: web.Request) -> web.Response:
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
         })
-    internals = gw.internals.health() if gw.internals is not None else None
-    return json_response({"targets": out, "aiohttp": internals})  # aiohttp: its internals used, or the fallback
+    return out
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -211,6 +216,10 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
     app = web.Application()
     app[GATEWAY] = gw
     add_ops_routes(app, hub)
+    if hub is not None:
+        from .status import add_status_routes  # status reads health_rows from here
+
+        add_status_routes(app, main=False)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/routes/{route}/explain", explain)
     app.router.add_route("*", "/{tail:.*}", not_an_ops_endpoint)
@@ -220,5 +229,6 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
 async def not_an_ops_endpoint(request: web.Request) -> web.Response:
     """Anything else on the ops listener: a 404 in the OpenAI shape, like the main listener's."""
     body = error_body(f"Not Found: {request.method} {request.path} is not an endpoint of the ops listener "
-                      "(see /healthz, /readyz, /metrics, /v1/health).", "invalid_request_error", code="http_404")
+                      "(see /healthz, /readyz, /metrics, /v1/health, /status).", "invalid_request_error",
+                      code="http_404")
     return error_response(404, body)

@@ -13,7 +13,7 @@ from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
 from ..errors import ClientError
 from ..memory import trim
 from ..providers.base import Call
-from ..providers.tokens import estimate_tokens as estimate_tokens_of
+from ..translate.tokens import estimate_tokens as estimate_tokens_of
 
 # What aiohttp inflates for us; "identity" is no encoding at all.
 _ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
@@ -155,7 +155,7 @@ def check_model(model: str) -> None:
 
 
 def estimate_tokens(call: Call) -> int:
-    """Prompt tokens estimated from the text (``providers/tokens.py``, as count_tokens estimates),
+    """Prompt tokens estimated from the text (``translate/tokens.py``, as count_tokens estimates),
     plus the completion budget asked for."""
     body = call.body
     if call.op in ("chat", "messages"):

@@ -14,6 +14,7 @@ piece) out. ``simulator.py`` paces and frames it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,7 +133,8 @@ def _tools(body: Json) -> list[tuple[str, Json]]:
 
 def _tool_to_call(body: Json) -> tuple[str, Json] | None:
     """The tool this turn calls: a forced one, else (unless ``none``) one the last user message
-    names, but not right after a tool result (then the model answers)."""
+    names, or a word of whose name (of four letters or more) it says, but not right after a tool
+    result (then the model answers)."""
     tools = _tools(body)
     if not tools:
         return None
@@ -151,6 +153,10 @@ def _tool_to_call(body: Json) -> tuple[str, Json] | None:
             break
     for name, schema in tools:
         if name.lower() in asked or name.lower().replace("_", " ") in asked:
+            return name, schema
+    words = set(re.findall(r"[a-z]{4,}", asked))
+    for name, schema in tools:  # "weather in Oslo?" calls get_weather, as a model would
+        if words & set(re.findall(r"[a-z]{4,}", name.lower())):
             return name, schema
     return tools[0] if choice == "required" else None
 

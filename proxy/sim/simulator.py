@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from ..config import Simulate
-from ..providers.sse import DONE, data_frame
-from ..providers.usage import counted
+from ..translate.sse import DONE, data_frame
+from ..translate.usage import counted
 from .script import Script, needs_script, script_for
 
 

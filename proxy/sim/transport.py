@@ -1,6 +1,6 @@
 """The simulated provider as a transport: the walker calls it like any upstream, with no network.
 
-Picked for ``kind: simulated`` providers where the gateway is built (``proxy/gateway.py``).
+Registered for ``kind: simulated`` by the provider registry (``proxy/providers/simulated.py``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 
 from ..config import Provider
-from ..providers.base import UpstreamRequest
-from ..walk.transport import Upstream
+from ..upstream.transport import Upstream, UpstreamRequest
 from .simulator import Simulator
 
 

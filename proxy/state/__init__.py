@@ -1,8 +1,11 @@
-"""Everything firstbyte remembers between requests, in one place.
+"""Everything firstbyte remembers between requests, in one place, with one door.
 
-The walker is the only writer; the planner reads it synchronously between two
-awaits, which makes the read a consistent snapshot on the event loop. It
-survives a config reload for targets that still exist.
+Every change goes through a named method of :class:`State` (a call admitted and released, a
+first token with its sample, a failure, a Retry-After cool-down, a probe claimed and released):
+the walk calls them, nothing else writes a :class:`TargetState`'s fields, so one place sees
+every change (where the fleet link hooks in, docs/adr). The planner reads synchronously between
+two awaits, which makes the read a consistent snapshot on the event loop. It survives a config
+reload for targets that still exist.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..config import Config, Fastest, TargetKey
+from ..config import Config, Cooldown, Fastest, TargetKey
 from .breaker import Breaker, Health
 from .budget import HedgeBudget
 from .snapshot import TargetFigures, snapshot
@@ -21,6 +24,10 @@ HISTORY = 100  # recent attempts kept per target for the health share
 
 @dataclass(slots=True)
 class TargetState:
+    """One target's live record: a handle the walk holds and passes back to ``State``'s methods;
+    read freely, written only by them."""
+
+    key: TargetKey
     breaker: Breaker = field(default_factory=Breaker)
     in_flight: int = 0
     buffering: int = 0  # of those, buffered calls: a mode's figure is measured by its own calls (ADR 0007)
@@ -40,8 +47,59 @@ class State:
     def target(self, key: TargetKey) -> TargetState:
         ts = self.targets.get(key)
         if ts is None:
-            ts = self.targets[key] = TargetState()
+            ts = self.targets[key] = TargetState(key)
         return ts
+
+    # -- the one door: every change to what is remembered ---------------------------------------
+
+    def admit(self, ts: TargetState, now: float, *, rescue: bool = False) -> str:
+        """The breaker's word on an attempt (``GO``, ``PROBE`` or ``WAIT``); ``PROBE`` claims the
+        half-open probe, given back by ``probe_released`` or settled by the attempt's verdict."""
+        return ts.breaker.begin(now, rescue=rescue)
+
+    def probe_released(self, ts: TargetState) -> None:
+        """A probe ended with no verdict (the client left): the next attempt may probe."""
+        ts.breaker.abandon_probe()
+
+    def call_admitted(self, ts: TargetState, buffered: bool) -> int:
+        """An attempt is in flight at the target (or a racer reserved its place); returns the
+        target's other calls in flight, the load its sample is fitted against."""
+        load = ts.in_flight
+        ts.in_flight += 1
+        ts.buffering += buffered
+        return load
+
+    def call_released(self, ts: TargetState, buffered: bool) -> None:
+        """The attempt counted by ``call_admitted`` ended, whichever way."""
+        ts.in_flight -= 1
+        ts.buffering -= buffered
+
+    def first_token(self, ts: TargetState, seconds: float, now: float, mode: str, load: int | None) -> None:
+        """An answered attempt: its sample in its mode (unless a reload retired the target: the
+        call measured an address no longer in use), and a success for the breaker and history."""
+        if not ts.retired:
+            self.tracker.record(ts.key, seconds, now, mode, load)
+        ts.breaker.success()
+        ts.history.append(True)
+
+    def censored(self, ts: TargetState, seconds: float, now: float, mode: str) -> None:
+        """A measuring call cut at its cap: its time so far is a lower bound of its first token."""
+        if not ts.retired:
+            self.tracker.record(ts.key, seconds, now, mode)
+
+    def failed(self, ts: TargetState, now: float, cooldown: Cooldown, kind: str) -> None:
+        """A failure that counts against the target (``kind`` is the outcome's word: 503, timeout,
+        reset, cut...): the history and the breaker hear it."""
+        ts.history.append(False)
+        ts.breaker.failure(now, cooldown)
+
+    def cool(self, ts: TargetState, until: float) -> None:
+        """A Retry-After: the target is cooled down until then (it does not open the breaker)."""
+        ts.breaker.cool(until)
+
+    def set_costs(self, costs: dict[tuple[str, str], float]) -> None:
+        """Measured mean cost per call, swapped in whole (from the ledger, off the event loop)."""
+        self.costs = costs
 
     def health(self, key: TargetKey, now: float) -> Health:
         ts = self.targets.get(key)

@@ -1,7 +1,8 @@
 """The one rule for failing over: every failure of an attempt becomes an Outcome here.
 
 DESIGN.md "Walking the order": transport failures, timeouts, 408, 429, 5xx, the
-provider's context overflow and a full concurrency queue are failover-safe;
+provider's context overflow, a provider's 401/403 (its key, amendment 2026-12-05), the
+route's ``fail_over_on`` statuses and a full concurrency queue are failover-safe;
 any other 4xx goes back to the client as it is; a 2xx commits. ``busy`` moves on
 but says nothing about the provider (the limit is ours), so it never feeds the breaker.
 Foreign failures (aiohttp, ssl, OS errors) arrive already named by the transport edge
@@ -20,10 +21,10 @@ from dataclasses import dataclass
 import orjson
 
 from ..errors import StreamTooLarge
-from ..providers.first_token import Ended, UpstreamError
 from ..state.breaker import MAX_COOLDOWN
+from ..translate.first_token import Ended, UpstreamError
+from ..upstream.transport import BodyTooLarge, failure_of
 from .limiter import Busy
-from .transport import BodyTooLarge, failure_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,13 @@ def is_json_object(body: bytes) -> bool:
 
 
 def fails_over(status: int) -> bool:
-    return status in (408, 429) or status >= 500
+    return status in (401, 403, 408, 429) or status >= 500
+
+
+# A provider's 401/403 answers firstbyte's key for it (the client's never goes upstream): an
+# outage of that target for everyone, so it moves on and counts, and a client that gets it last
+# gets a 502 saying whose key to fix, not a 401 that reads as its own.
+AUTH_FAILED = "the provider refused firstbyte's key for it; check the provider's api_key_env or api_key_file"
 
 
 MAX_HINT = MAX_COOLDOWN  # one answer cools a target down for at most the breaker's longest cooldown
@@ -87,10 +94,15 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
     return min(max(0.0, when - (time.time() if now is None else now)), MAX_HINT)
 
 
-def classify_status(status: int, headers: Mapping[str, str], overflow: bool) -> Outcome:
+def classify_status(status: int, headers: Mapping[str, str], overflow: bool,
+                    also: tuple[int, ...] = ()) -> Outcome:
+    """``also``: the route's ``fail_over_on``, statuses it moves on from too (a 404 from a
+    provider that lacks a model, say)."""
     if overflow:
         return Outcome("400 context overflow", True, 400, "context length exceeded upstream")
-    if fails_over(status):
+    if status in (401, 403):
+        return Outcome(str(status), True, 502, f"upstream answered {status}: {AUTH_FAILED}")
+    if fails_over(status) or status in also:
         hint = retry_after(headers) if status in (429, 503, 529) else None
         return Outcome(str(status), True, status, f"upstream answered {status}", hint)
     return Outcome(str(status), False, status, f"upstream answered {status}")

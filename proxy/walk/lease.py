@@ -15,9 +15,9 @@ from typing import Any
 
 from ..config import Cooldown, Target
 from ..providers.base import StreamTranslator
+from ..upstream.transport import UPSTREAM_ERRORS, Upstream
 from .deadlines import Deadlines, Expired
 from .slot import Slot
-from .transport import UPSTREAM_ERRORS, Upstream
 
 __all__ = ["MAX_DRAIN", "Background", "Lease"]
 
@@ -63,11 +63,21 @@ class Lease:
     finished: bool = False
     client: asyncio.WriteTransport | None = None  # the relay's client connection, for the drain's cut
     tail: bool = False  # the client has the whole answer; only the upstream's end is being read
+    stalled: str | None = None  # the deadline came while the client was not reading: its doing
 
     def expire(self, reason: str) -> None:
-        """Past its idle or total deadline: wake the relay's pending read with the reason."""
+        """Past its idle or total deadline: wake the relay's pending read with the reason.
+
+        When the relay is not waiting for the upstream it is waiting for the client, whose socket
+        takes no more (a write returns at once otherwise): no read would ever come, so the client's
+        connection is cut. That is the client's doing, and the target is not blamed."""
         self.expired = reason
         self.upstream.abort(Expired(reason))
+        client = self.client
+        if self.waiting_since is None and client is not None and not self.tail and reason != DRAINING \
+                and not client.is_closing():
+            self.stalled = f"client stopped reading (the stream reached its {reason})"
+            client.abort()
 
     def cut(self) -> None:
         """The drain's grace is over: wake the relay's read, and when the relay is stuck writing to
@@ -99,9 +109,8 @@ class Lease:
         self.deadlines.calls.discard(self)
         self.slot.release()
         if failure is not None and self.expired != DRAINING:
-            ts = self.slot.ts
-            ts.history.append(False)
-            ts.breaker.failure(self.clock(), self.cooldown)
+            slot = self.slot
+            slot.state.failed(slot.ts, self.clock(), self.cooldown, failure)
 
     async def _drain(self) -> None:
         """Up to ``MAX_DRAIN`` bytes after the end marker, each read under the lease's idle and

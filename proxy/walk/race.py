@@ -257,7 +257,8 @@ class Race:
 
     def _start(self, measuring: bool) -> _Racer:
         target = self.queue.pop(0)
-        reserved = Reservation(self.walker.state.target(target.key), not self.call.stream)
+        state = self.walker.state
+        reserved = Reservation(state, state.target(target.key), not self.call.stream)
         racer = _Racer(target, self.walker.clock(), measuring, reserved)
         self.racers.append(racer)
         task = racer.task = asyncio.get_running_loop().create_task(self._run(racer))
@@ -325,8 +326,9 @@ class Race:
             return  # an earlier try failed: this is no lower bound of a first token
         mode = STREAMED if self.call.stream else BUFFERED
         key = racer.target.key
-        figure = self.walker.state.figure(key, self.route.fastest, now, mode)
-        self.walker.state.tracker.record(key, elapsed if figure is None else max(elapsed, figure), now, mode)
+        state = self.walker.state
+        figure = state.figure(key, self.route.fastest, now, mode)
+        state.censored(state.target(key), elapsed if figure is None else max(elapsed, figure), now, mode)
 
     def _won(self) -> bool:
         return self.winner is not None or self.inline.served is not None

@@ -9,17 +9,20 @@ the end of a committed stream. A second call is a no-op, so no path can give twi
 
 from __future__ import annotations
 
-from ..state import TargetState
+from ..state import State, TargetState
+from ..upstream.transport import Upstream
 from .limiter import Limiter
-from .transport import Upstream
 
 __all__ = ["Reservation", "Slot"]
 
 
 class Slot:
-    __slots__ = ("_buffered", "_counted", "_held", "_probe", "heard", "limiter", "load", "released", "ts", "upstream")
+    __slots__ = ("_buffered", "_counted", "_held", "_probe", "heard", "limiter", "load", "released", "state", "ts",
+                 "upstream")
 
-    def __init__(self, ts: TargetState, limiter: Limiter | None, probe: bool, buffered: bool = False) -> None:
+    def __init__(self, state: State, ts: TargetState, limiter: Limiter | None, probe: bool,
+                 buffered: bool = False) -> None:
+        self.state = state  # every change to the target goes through it
         self.ts = ts
         self._buffered = buffered  # a buffered call also counts in ``buffering`` (its mode's measuring)
         self.limiter = limiter  # the provider's limit, if it has one
@@ -30,10 +33,8 @@ class Slot:
         self.upstream: Upstream | None = None  # the call, once sent
         self.released = False
         self.load = 0  # the target's other attempts in flight when this one was counted (the load fit)
-        if limiter is None:  # nothing to wait for: in flight from its admission (as _count, inline)
-            self.load = ts.in_flight
-            ts.in_flight += 1
-            ts.buffering += buffered
+        if limiter is None:  # nothing to wait for: in flight from its admission
+            self.load = state.call_admitted(ts, buffered)
             self._counted = True
 
     async def queue(self) -> None:
@@ -43,15 +44,9 @@ class Slot:
         assert limiter is not None
         await limiter.acquire()
         self._held = True
-        self._count()
-
-    def _count(self) -> None:
-        """Count the call in flight, once it holds its place: a call still queued is not, for
-        the planner must not see it as load on the target."""
-        ts = self.ts
-        self.load = ts.in_flight
-        ts.in_flight += 1
-        ts.buffering += self._buffered
+        # Counted in flight once it holds its place: a call still queued is not, for the planner
+        # must not see it as load on the target.
+        self.load = self.state.call_admitted(self.ts, self._buffered)
         self._counted = True
 
     def queued(self) -> bool:
@@ -66,12 +61,11 @@ class Slot:
         if self.upstream is not None:
             self.upstream.close()
         if self._counted:
-            self.ts.in_flight -= 1
-            self.ts.buffering -= self._buffered
+            self.state.call_released(self.ts, self._buffered)
         if self._held and self.limiter is not None:
             self.limiter.release()
         if self._probe and not self.heard:
-            self.ts.breaker.abandon_probe()
+            self.state.probe_released(self.ts)
 
 
 class Reservation:
@@ -83,11 +77,11 @@ class Reservation:
     no await in between; a task cancelled before it ever ran gives it back in a done-callback.
     Given back once, whichever comes first."""
 
-    __slots__ = ("_buffered", "_ts")
+    __slots__ = ("_buffered", "_state", "_ts")
 
-    def __init__(self, ts: TargetState, buffered: bool) -> None:
-        ts.in_flight += 1
-        ts.buffering += buffered
+    def __init__(self, state: State, ts: TargetState, buffered: bool) -> None:
+        state.call_admitted(ts, buffered)
+        self._state = state
         self._ts: TargetState | None = ts
         self._buffered = buffered
 
@@ -95,5 +89,4 @@ class Reservation:
         ts = self._ts
         if ts is not None:
             self._ts = None
-            ts.in_flight -= 1
-            ts.buffering -= self._buffered
+            self._state.call_released(ts, self._buffered)

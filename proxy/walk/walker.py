@@ -3,9 +3,10 @@
 Each attempt is three steps. *Admit*: the breaker's word (a target that opened since the
 plan is skipped) and a :class:`~proxy.walk.slot.Slot`. *Send*: take the slot under the
 provider's limit, send through the provider kind's transport, and read up to the commit
-point, the first token of a 2xx answer (``providers/first_token.py``). *Settle*: classify
-what came back by the one rule in ``classify.py`` and feed the tracker, breaker and history
-(here and only here). Before the commit every failure, an error event inside a 200 included,
+point, the first token of a 2xx answer (``translate/first_token.py``). *Settle*: classify
+what came back by the one rule in ``classify.py`` and tell the state through its named
+methods (``State.first_token``, ``failed``, ``cool``: the one door, docs/adr/0012). Before the
+commit every failure, an error event inside a 200 included,
 may move on; after it the walker hands the open call (a :class:`~proxy.walk.lease.Lease`)
 to the relay. The slot goes back when the attempt ends, or with the lease.
 """
@@ -22,12 +23,13 @@ from ..config import Provider, Route, Target
 from ..errors import error_body
 from ..providers import Adapter, Call, adapter_for
 from ..providers.base import UpstreamRequest
-from ..providers.chat_to_anthropic import TranslationError
-from ..providers.first_token import Ended, FirstToken, UpstreamError, error_in_body
 from ..routing.decision import Attempt
 from ..state import State, TargetState
 from ..state.breaker import PROBE, WAIT
 from ..state.tracker import BUFFERED, STREAMED
+from ..translate.chat_to_anthropic import TranslationError
+from ..translate.first_token import Ended, FirstToken, UpstreamError, error_in_body
+from ..upstream.transport import Transport, Upstream
 from .classify import (
     BUSY,
     INVALID_BODY,
@@ -43,7 +45,6 @@ from .lease import Background, Lease
 from .limiter import Limiters
 from .result import JSON_HEADERS, Trail, Walked
 from .slot import Slot
-from .transport import Transport, Upstream
 
 __all__ = ["Walker"]
 
@@ -154,8 +155,9 @@ class Walker:
         except TranslationError as exc:
             # The request, not the provider, is the cause: move on without counting against it.
             # When no later target answers, the client gets this 400 and its reason.
+            # The message is the client's to act on: the target's name is in x-route-decision.
             trail.ended(Attempt(target.name, UNTRANSLATABLE.word, 0.0), UNTRANSLATABLE, 400, JSON_HEADERS,
-                        error_body(f"{target.name}: {exc}", "invalid_request_error", code="untranslatable"))
+                        error_body(exc.message, "invalid_request_error", code="untranslatable", param=exc.param))
             return False
         aim = _Aim(route, target, provider, adapter, call, request, self.transports[provider.kind], rescue)
         for n in range(target.retry + 1):
@@ -189,10 +191,11 @@ class Walker:
         The send step runs inline, not in a coroutine of its own: every resume of the request's
         task passes through each frame of its await chain, and one more measured (callgrind)."""
         started = self.clock()
+        provider, call = aim.provider, aim.call
+        request = aim.request if call.trace is None else call.trace.attempt(aim.target.name, started, aim.request)
         slot = self._admit(trail, aim, started)
         if slot is None:
             return SKIPPED
-        provider, call = aim.provider, aim.call
         task = asyncio.current_task()
         assert task is not None
         waiting = _Waiting(task, started, provider.timeouts.first_chunk)
@@ -204,7 +207,7 @@ class Walker:
                 try:
                     if slot.limiter is not None:
                         await slot.queue()  # and counts in flight; without a limit, the slot did
-                    upstream = slot.upstream = await aim.transport.send(provider, aim.request)
+                    upstream = slot.upstream = await aim.transport.send(provider, request)
                     if not 200 <= upstream.status < 300:
                         first, failure = await upstream.read(MAX_ERROR_BODY), None
                     elif call.stream:
@@ -243,12 +246,13 @@ class Walker:
     def _admit(self, trail: Trail, aim: _Aim, now: float) -> Slot | None:
         """The breaker's word on this try: a target that opened (or whose probe left) since the
         plan is skipped without a call."""
-        ts = self.state.target(aim.target.key)
-        admitted = ts.breaker.begin(now, rescue=aim.rescue)
+        state = self.state
+        ts = state.target(aim.target.key)
+        admitted = state.admit(ts, now, rescue=aim.rescue)
         if admitted == WAIT:
             trail.skipped(aim.target.name, ts.breaker.health(now).reason)
             return None
-        return Slot(ts, self.limiters.get(aim.provider.name), admitted == PROBE, not aim.call.stream)
+        return Slot(state, ts, self.limiters.get(aim.provider.name), admitted == PROBE, not aim.call.stream)
 
     def _raised(self, trail: Trail, aim: _Aim, slot: Slot, exc: Exception, started: float) -> Outcome:
         """The send step raised. Timing out while queued for our own limit is busy, not the
@@ -276,10 +280,7 @@ class Walker:
             self._failed(trail, aim, slot.ts, INVALID_BODY, started)  # not the success it claims
             return INVALID_BODY
         ttfc = now - started
-        if not slot.ts.retired:  # a call begun before a reload moved its provider measures the old address
-            self.state.tracker.record(target.key, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
-        slot.ts.breaker.success()
-        slot.ts.history.append(True)
+        self.state.first_token(slot.ts, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
         attempt = Attempt(target.name, str(status), ttfc, False, ttfc)
         if not call.stream:
             trail.answered(attempt, status, upstream.headers, aim.adapter.translate_body(call, target, first))
@@ -298,7 +299,8 @@ class Walker:
         adapter, upstream = aim.adapter, slot.upstream
         assert upstream is not None
         status = upstream.status
-        outcome = classify_status(status, upstream.headers, adapter.is_context_overflow(status, body))
+        outcome = classify_status(status, upstream.headers, adapter.is_context_overflow(status, body),
+                                  aim.route.fail_over_on)
         if not outcome.failover:
             # The body goes back in the client's JSON shape, whatever the upstream sent (a proxy's
             # text/plain 413): its other headers go along, its content type does not.
@@ -307,7 +309,9 @@ class Walker:
             trail.ended(Attempt(aim.target.name, outcome.word, now - started), outcome, status, headers,
                         adapter.client_error(aim.call, status, body))
             return None
-        self._failed(trail, aim, slot.ts, outcome, started, adapter.error_body(status, body))
+        # A status the outcome changes (a provider's 401 is the client's 502) gets the outcome's message.
+        self._failed(trail, aim, slot.ts, outcome, started,
+                     adapter.error_body(status, body) if outcome.status == status else None)
         slot.heard = True
         return outcome
 
@@ -337,10 +341,9 @@ class Walker:
         now = self.clock()
         trail.failed(Attempt(aim.target.name, outcome.word, now - started, True), outcome, body)
         if outcome.counts:
-            ts.history.append(False)
-            ts.breaker.failure(now, aim.route.cooldown)
+            self.state.failed(ts, now, aim.route.cooldown, outcome.word)
         if outcome.retry_after is not None:
-            ts.breaker.cool(now + outcome.retry_after)
+            self.state.cool(ts, now + outcome.retry_after)
 
 
 async def _first_token(upstream: Upstream, gate: FirstToken) -> None:

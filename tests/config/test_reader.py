@@ -80,6 +80,12 @@ def test_every_problem_at_once_with_its_path() -> None:
                      id="cooldown-cap"),
         pytest.param({"fastest": {"load_fit": "on"}}, "routes.chat.fastest.load_fit: expected true or false, "
                      "got 'on'", id="load-fit-is-a-flag"),
+        pytest.param({"fail_over_on": [404, 200]}, "routes.chat.fail_over_on[1]: expected an HTTP error status, "
+                     "400 to 599, got 200", id="fail-over-on-a-success"),
+        pytest.param({"fail_over_on": ["404"]}, "routes.chat.fail_over_on[0]: expected an HTTP error status, "
+                     "400 to 599, got '404'", id="fail-over-on-a-string"),
+        pytest.param({"fail_over_on": 404}, "routes.chat.fail_over_on: expected a list of HTTP statuses "
+                     "(400 to 599), got 404", id="fail-over-on-not-a-list"),
     ],
 )
 def test_route_problems(route: dict[str, Any], problem: str) -> None:
@@ -322,3 +328,63 @@ def test_anchors_and_aliases_still_share_values(tmp_path: Path) -> None:
     config = load_config(path, env={})
     assert config.providers["b"].timeouts.first_chunk == 3
     assert (config.connections.max, config.connections.header_timeout) == (100, 5)
+
+
+def test_fail_over_on_is_read_into_the_route() -> None:
+    raw = {"providers": {"s": {"kind": "simulated"}},
+           "routes": {"chat": {"targets": [{"provider": "s", "model": "m"}], "fail_over_on": [404, 422]}}}
+    assert parse_config(raw, env={}).routes["chat"].fail_over_on == (404, 422)
+
+
+def key_file_config(key_file: str) -> dict[str, Any]:
+    return {"providers": {"o": {"kind": "openai", "base_url": "http://h/v1", "api_key_file": key_file}},
+            "routes": {"chat": {"targets": [{"provider": "o", "model": "m"}]}}}
+
+
+def test_api_key_file_is_read_without_its_line_end_and_relative_to_the_routes_file(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "openai").write_text("sk-from-file\n")
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(textwrap.dedent("""\
+        providers:
+          o: {kind: openai, base_url: "http://h/v1", api_key_file: keys/openai}
+          c: {kind: openai, base_url: "http://h/v1", api_key_file: "${CREDENTIALS_DIRECTORY}/openai"}
+        routes:
+          chat: {targets: [{provider: o, model: m}, {provider: c, model: m}]}
+        """))
+    config = load_config(routes, env={"CREDENTIALS_DIRECTORY": str(tmp_path / "keys")})
+    assert config.providers["o"].api_key == "sk-from-file"
+    assert config.providers["c"].api_key == "sk-from-file"
+    assert config.providers["o"].has_credentials
+    assert "sk-from-file" not in repr(config.providers["o"])
+
+
+def test_an_empty_key_file_is_no_credentials_like_an_unset_variable(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("\n")
+    config = parse_config(key_file_config(str(tmp_path / "key")), env={})
+    assert config.providers["o"].api_key is None and not config.providers["o"].has_credentials
+
+
+@pytest.mark.parametrize(
+    ("provider", "problem"),
+    [
+        pytest.param({"api_key_file": "/nonexistent/firstbyte-key"}, "providers.o.api_key_file: cannot read "
+                     "/nonexistent/firstbyte-key: No such file or directory", id="missing-file"),
+        pytest.param({"api_key_file": "${CREDENTIALS_DIRECTORY}/o"}, "providers.o.api_key_file: names "
+                     "${CREDENTIALS_DIRECTORY}, which is not set (under systemd, LoadCredential= sets "
+                     "$CREDENTIALS_DIRECTORY)", id="unset-credentials-directory"),
+        pytest.param({"api_key_file": "/dev/null", "api_key_env": "K"}, "providers.o.api_key_file: set api_key_env "
+                     "or api_key_file, not both", id="both"),
+    ],
+)
+def test_api_key_file_problems(provider: dict[str, Any], problem: str) -> None:
+    raw = key_file_config("")
+    raw["providers"]["o"] = {"kind": "openai", "base_url": "http://h/v1", **provider}
+    assert problems(raw) == [problem]
+
+
+def test_a_key_file_with_a_line_break_inside_is_refused_without_printing_it(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("sk-one\r\nInjected: yes\n")
+    text = "\n".join(problems(key_file_config(str(tmp_path / "key"))))
+    assert "providers.o.api_key_file: file" in text and "printable ASCII" in text
+    assert "sk-one" not in text and "Injected" not in text

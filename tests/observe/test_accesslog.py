@@ -60,9 +60,10 @@ async def test_text_line_carries_every_field_and_the_decision_last(tmp_path: Pat
     lines = path.read_text().splitlines()
     assert len(lines) == 1
     time, fields = parse_text(lines[0])
-    assert time == "2023-11-14T22:13:20.250Z"
+    assert time == "2023-11-14T22:13:21.750Z"  # the end: started + total
     assert list(fields)[-1] == "decision"
     assert fields == {
+        "start": "2023-11-14T22:13:20.250Z",
         "id": "7f3a9c",
         "client": "127.0.0.1",
         "method": "POST",
@@ -96,7 +97,8 @@ async def test_json_line_reads_back_with_json_loads(tmp_path: Path) -> None:
 
     first, second = (json.loads(line) for line in path.read_text().splitlines())
     assert first == {
-        "time": "2023-11-14T22:13:20.250Z",
+        "time": "2023-11-14T22:13:21.750Z",
+        "start": "2023-11-14T22:13:20.250Z",
         "id": "7f3a9c",
         "client": "127.0.0.1",
         "method": "POST",
@@ -209,3 +211,17 @@ async def test_a_client_or_upstream_value_never_starts_a_new_line(fmt: str, fiel
         assert json.loads(text)[field] == value
     else:
         assert parse_text(text.rstrip("\n"))[1][field] == value
+
+
+async def test_lines_written_as_exchanges_end_are_in_the_order_of_their_times(tmp_path: Path) -> None:
+    """A long exchange that began first ends last: its line comes last, and the time leading each
+    line is its end, so the file reads in order (stamped with the start, it did not)."""
+    path = tmp_path / "access.log"
+    log = AccessLog(AccessLogConfig(format="text", path=str(path)))
+    log.on_finished(finished(started=STARTED + 1.0, total=0.5))  # ends at +1.5
+    log.on_finished(finished(started=STARTED, total=2.0))  # began first, ends at +2.0
+    await log.close()
+    parsed = [parse_text(line) for line in path.read_text().splitlines()]
+    times = [time for time, _ in parsed]
+    assert times == ["2023-11-14T22:13:21.750Z", "2023-11-14T22:13:22.250Z"]
+    assert [fields["start"] for _, fields in parsed] == ["2023-11-14T22:13:21.250Z", "2023-11-14T22:13:20.250Z"]

@@ -127,3 +127,50 @@ def test_provider_problems_name_their_path(provider: dict[str, Any], problem: st
     with pytest.raises(ConfigError) as info:
         parse_config(raw, {})
     assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+# A pin's model is the deployment, a segment of the URL path: one that could climb out of
+# /openai/deployments/ (issue 31: "az/.." reached /openai/chat/completions) is refused before any call.
+
+@pytest.mark.parametrize("deployment", [
+    pytest.param("..", id="dot-dot"),
+    pytest.param(".", id="dot"),
+    pytest.param("../chat", id="dot-dot-slash"),
+    pytest.param("%2e%2e", id="encoded-dot-dot"),
+    pytest.param("..%2fx", id="encoded-slash"),
+    pytest.param("a/b", id="slash"),
+    pytest.param("a\\b", id="backslash"),
+    pytest.param("x?y#z", id="query-and-fragment"),
+])
+async def test_a_pin_whose_deployment_would_leave_the_path_is_refused(upstreams, proxy, deployment):
+    seen: list[dict[str, Any]] = []
+    p = await azure_proxy(upstreams, proxy, seen)
+    status, _, body = await p.post("/v1/chat/completions", {"model": f"az/{deployment}",
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+    error = orjson.loads(body)["error"]
+    assert status == 400, body
+    assert (error["param"], error["code"]) == ("model", "invalid_model")
+    assert "URL path" in error["message"]
+    assert seen == []
+
+
+async def test_a_pin_to_a_deployment_with_dots_and_dashes_is_served(upstreams, proxy):
+    seen: list[dict[str, Any]] = []
+    p = await azure_proxy(upstreams, proxy, seen)
+    status, _, body = await p.post("/v1/chat/completions", {"model": "az/gpt4o-prod",
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200, body
+    assert [s["path"] for s in seen] == ["/openai/deployments/gpt4o-prod/chat/completions"]
+
+
+async def test_a_configured_deployment_that_would_leave_the_path_is_never_called(upstreams, proxy):
+    seen: list[dict[str, Any]] = []
+    up = await upstreams({"*": azure_handler("gpt4o-prod", seen)})
+    config = route_config([{"provider": "az", "model": ".."}],
+                          {"az": {"kind": "azure", "base_url": up.url, "api_key_env": "AZ_KEY"}})
+    p = await proxy(config, env={"AZ_KEY": "azure-secret"})
+    status, _, body = await p.post("/v1/chat/completions", {"model": "chat",
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400, body
+    assert "URL path" in orjson.loads(body)["error"]["message"]
+    assert seen == []

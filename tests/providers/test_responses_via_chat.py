@@ -314,16 +314,6 @@ async def test_an_upstream_400_comes_back_as_it_is(upstreams, proxy, sdk):
     assert "temperature is out of range" in info.value.message
 
 
-async def test_json_output_to_anthropic_is_untranslatable_not_silently_dropped(upstreams, proxy, sdk):
-    up = await upstreams({"/v1/messages": messages_handler("Hello!")})
-    p = await proxy(route_config([{"provider": "claude", "model": "claude-x"}],
-                                 {"claude": anthropic_provider(up.url)}))
-    with pytest.raises(openai.BadRequestError) as info:
-        await sdk(p.url).responses.create(model="chat", input="hi", text={"format": {"type": "json_object"}})
-    assert info.value.code == "untranslatable" and "text.format" in info.value.message
-    assert up.calls == []
-
-
 async def test_a_passthrough_stream_cut_ends_with_an_error_event_numbered_on(raw_upstreams, proxy, sdk):
     async def cut(reader: Any, writer: Any) -> None:
         created = {"type": "response.created", "sequence_number": 0, "response": {

@@ -131,6 +131,76 @@ async def test_at_the_hard_limit_a_new_connection_evicts_the_longest_idle_one(gu
         w.close()
 
 
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def ask_healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One ``GET /healthz`` on a kept-alive connection, read to the end of its answer."""
+    writer.write(HEALTHZ)
+    answer = await asyncio.wait_for(reader.readuntil(b'"alive"}'), 3)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
+@pytest.mark.timeout(15)
+async def test_at_the_cap_the_connection_idle_longest_makes_room_for_a_new_client(upstreams, proxy):
+    """``max`` keep-alive connections that each asked once and idle between requests (issue 31: 200
+    of them asking /healthz every 12 s locked every new client out with 503): the newcomer is served,
+    and the one idle longest is closed for it, not one that asked since."""
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                     "connections": {"max": 8, "keepalive_timeout": 30, "header_timeout": 5}})
+    guard = p.gateway.guards[0]
+    held = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(guard.max)]
+    for conn in held:
+        await ask_healthz(*conn)
+        await asyncio.sleep(0.01)
+    await ask_healthz(*held[0])  # the first asked again: now the second has idled longest
+    newcomers = []
+    for newcomer in range(2):  # each stays open, kept alive: the cap stays reached
+        newcomers.append(await asyncio.open_connection("127.0.0.1", p.port))
+        await ask_healthz(*newcomers[-1])
+        data, _ = await closed_within(held[1 + newcomer][0], 1)
+        assert data == b""
+    status, _, body = await exchange(p.port, post_head(len(CHAT)), CHAT)  # a chat call, as a third newcomer
+    assert status == 200, body
+    assert guard.closed["idle_evicted"] == 3 and guard.closed["over_capacity"] == 0
+    for conn in [held[0], *held[4:], *newcomers]:  # the others are still open and kept alive
+        await ask_healthz(*conn)
+    for _, writer in held + newcomers:
+        writer.close()
+
+
+@pytest.mark.timeout(15)
+async def test_at_the_cap_a_connection_with_a_request_under_way_is_never_evicted(upstreams, proxy):
+    """Connections waiting for their streamed answer are not idle: a newcomer past the cap gets its 503."""
+    gate = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await gate.wait()
+        return web.json_response({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                               "finish_reason": "stop"}]})
+
+    up = await upstreams({"/v1/chat/completions": slow})
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                     "connections": {"max": 4, "keepalive_timeout": 30, "header_timeout": 5}})
+    guard = p.gateway.guards[0]
+    busy = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(guard.max)]
+    for _, writer in busy:
+        writer.write(post_head(len(CHAT)) + CHAT)
+    while len(up.calls) < guard.max:
+        await asyncio.sleep(0.02)
+    status, _, body = await exchange(p.port, post_head(len(CHAT)), CHAT)
+    assert_openai_error(status, body, 503, "too_many_connections")
+    gate.set()
+    for reader, writer in busy:
+        answer, _ = await closed_within(reader, 3)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        writer.close()
+    assert guard.closed["idle_evicted"] == 0
+
+
 @pytest.mark.parametrize(
     "head",
     [

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from proxy.config import Cooldown, Target
-from proxy.providers.usage_taps import OpenAIUsageTap
 from proxy.sim.transport import SimUpstream
-from proxy.state import TargetState
+from proxy.state import State, TargetState
+from proxy.translate.usage_taps import OpenAIUsageTap
 from proxy.walk.deadlines import Deadlines
 from proxy.walk.lease import Background, Lease
 from proxy.walk.limiter import Limiter
@@ -21,8 +21,9 @@ async def tail() -> AsyncIterator[bytes]:
 
 
 async def leased(stream: AsyncIterator[bytes] | None = None) -> tuple[Lease, TargetState, Limiter, Deadlines]:
-    ts, limiter, deadlines = TargetState(), Limiter(limit=1, queue=0), Deadlines(lambda: 0.0)
-    slot = Slot(ts, limiter, probe=False)
+    state = State()
+    ts, limiter, deadlines = state.target(("p", "m")), Limiter(limit=1, queue=0), Deadlines(lambda: 0.0)
+    slot = Slot(state, ts, limiter, probe=False)
     await slot.queue()
     upstream = slot.upstream = SimUpstream(200, {}, None, stream)
     lease = Lease(Target("a", "p", "m"), upstream, b"", OpenAIUsageTap(False), slot, 0.0, 60.0, 600.0,

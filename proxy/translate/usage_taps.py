@@ -1,0 +1,190 @@
+"""Upstream streams to usage: taps that count passthrough streams already in the client's shape.
+
+A passthrough stream still has to be counted, so these sit where a translator
+would (``lease.translator``) and return the bytes they are fed, whole events at
+a time. They only look inside an event when its block holds a usage object,
+which in practice is the last event or two of a stream: a regex search over
+each block is the whole cost of the common case.
+
+``OpenAIUsageTap`` also removes the usage-only chunk that firstbyte asked for
+(``stream_options.include_usage``) when the client itself did not ask for it,
+so such a client sees the stream it would have had without firstbyte.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .anthropic_to_chat import AnthropicStreamError
+from .chat_to_messages import OpenAIStreamError
+from .chat_to_messages import error_event as anthropic_error_event
+from .first_token import error_of
+from .sse import EventFramer, data_frame, event_around, json_object, openai_error_event, split_events
+from .tokens import token_count
+from .usage import usage_from_anthropic, usage_from_chat
+
+__all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
+
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+
+
+def _usage_objects(block: bytes) -> list[int]:
+    """Where ``"usage": {`` objects start, in order; ``"usage": null`` is passed over.
+
+    Searched from the end, where the usage chunk is (it comes last, before
+    ``[DONE]``): a C-speed ``rfind`` per ``"usage"`` key instead of a regex over
+    the block."""
+    found: list[int] = []
+    at = block.rfind(b'"usage"')
+    while at >= 0:
+        if _USAGE_OBJECT.match(block, at):
+            found.append(at)
+        at = block.rfind(b'"usage"', 0, at)
+    found.reverse()
+    return found
+
+
+DONE_TAIL = 32  # the [DONE] event is the block's last event when it is there: look at the tail only
+
+
+class OpenAIUsageTap:
+    """Count an OpenAI-shape stream's usage; drop the usage-only chunk unless it was asked for."""
+
+    def __init__(self, keep_usage_chunk: bool) -> None:
+        self.keep = keep_usage_chunk
+        self.usage: dict[str, int] | None = None
+        self.done = False
+        self._framer = EventFramer()
+
+    def feed(self, data: bytes) -> bytes:
+        framer = self._framer
+        # The common case: a read that ends on an event boundary, with nothing held back.
+        block = data if not framer.holding and data.endswith(b"\n\n") else framer.complete(data)
+        if b"[DONE]" in block[-DONE_TAIL:]:
+            self.done = True  # (an upstream that ends without it is done at finish() anyway)
+        if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
+            _raise_on_error_envelope(block)
+        if b'"usage"' not in block:
+            return block
+        found = _usage_objects(block)
+        if not found:
+            return block
+        # Look only at the events that hold a usage object, not at every event of the block.
+        out, cut = [], 0
+        for at in found:
+            start, end = event_around(block, at)
+            if start < cut:
+                continue  # a second usage object inside an event already looked at
+            instead = self._count(block[start:end])
+            if instead is not None:
+                out.append(block[cut:start])
+                out.append(instead)
+                cut = end
+        if cut:
+            out.append(block[cut:])
+            block = b"".join(out)
+        return block
+
+    def finish(self) -> bytes:
+        """An upstream that ended without ``[DONE]`` is passed on as it is: not ours to judge."""
+        self.done = True
+        return self._framer.rest()
+
+    def error_event(self, message: str) -> bytes:
+        return openai_error_event(message)
+
+    def _count(self, event: bytes) -> bytes | None:
+        """Record the event's usage; what the client gets instead of the event when it did not ask
+        for usage (``b""``: nothing), or None to pass it as it is.
+
+        The usage chunk is dropped whether its ``choices`` is empty (OpenAI) or holds choices that
+        say nothing (LiteLLM's ``[{"index": 0, "delta": {}}]``); usage riding on a chunk that says
+        something is cut from it, and the rest goes on."""
+        chunk = json_object(event)
+        usage = chunk.get("usage") if chunk is not None else None
+        if chunk is None or not isinstance(usage, dict):
+            return None
+        self.usage = usage_from_chat(usage)
+        if self.keep:
+            return None
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or all(_says_nothing(choice) for choice in choices):
+            return b""
+        del chunk["usage"]
+        return data_frame(chunk)
+
+
+def _says_nothing(choice: object) -> bool:
+    """A choice with no delta content, no finish_reason and no logprobs."""
+    if not isinstance(choice, dict):
+        return True
+    delta = choice.get("delta")
+    return not choice.get("finish_reason") and not choice.get("logprobs") and not (
+        isinstance(delta, dict) and any(delta.values()))
+
+
+def _raise_on_error_envelope(block: bytes) -> None:
+    """An error envelope after the first token ends the stream with our own error event (and
+    counts against the target) instead of passing as if it were part of the answer."""
+    events = split_events(block)
+    for i, event in enumerate(events):
+        if b'"error"' not in event:
+            continue
+        payload = json_object(event)
+        error = error_of(payload) if payload is not None else None
+        if error is not None:
+            _, kind, message = error
+            exc = OpenAIStreamError(message, kind)
+            exc.partial = b"".join(events[:i])
+            raise exc
+
+
+class AnthropicUsageTap:
+    """Count an Anthropic stream relayed as it is (``/v1/messages`` to an Anthropic target).
+
+    Usage arrives in ``message_start`` and cumulatively in ``message_delta``. An
+    ``error`` event raises :class:`AnthropicStreamError`, so the relay ends the
+    stream with its own error event and counts the failure against the target.
+    """
+
+    def __init__(self) -> None:
+        self.usage: dict[str, int] | None = None
+        self.done = False
+        self._framer = EventFramer()
+        self._upstream: dict[str, int] = {}
+
+    def feed(self, data: bytes) -> bytes:
+        block = self._framer.complete(data)
+        if b'"message_stop"' in block:
+            self.done = True
+        if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
+            return block
+        events = split_events(block)
+        for i, event in enumerate(events):
+            if b'"usage"' in event or b'"error"' in event:
+                try:
+                    self._inspect(event)
+                except AnthropicStreamError as exc:
+                    exc.partial = b"".join(events[:i])
+                    raise
+        return block
+
+    def finish(self) -> bytes:
+        return self._framer.rest()
+
+    def error_event(self, message: str) -> bytes:
+        """The relay's closing event for a failed stream, in Anthropic's shape."""
+        return anthropic_error_event(message)
+
+    def _inspect(self, event: bytes) -> None:
+        payload = json_object(event)
+        if payload is None:
+            return
+        if payload.get("type") == "error":
+            error = payload.get("error") or {}
+            raise AnthropicStreamError(error.get("message") or "Anthropic stream error",
+                                       error.get("type") or "api_error")
+        usage = payload.get("usage") or (payload.get("message") or {}).get("usage")
+        if isinstance(usage, dict):
+            self._upstream.update({k: token_count(v) for k, v in usage.items() if isinstance(v, int | str)})
+            self.usage = usage_from_anthropic(self._upstream)

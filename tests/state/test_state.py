@@ -1,0 +1,119 @@
+"""State's one door: every change to a target goes through a named method of State.
+
+The table checks what each method changes; the scan checks that nothing outside ``proxy/state``
+writes a target's fields or calls the breaker's or tracker's mutators itself (the fleet link
+hears changes at the door, so a write around it would never reach the other instances).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config import Cooldown
+from proxy.state import State, TargetState
+from proxy.state.breaker import GO, OPEN, PROBE, WAIT
+from proxy.state.tracker import BUFFERED, STREAMED
+
+KEY = ("p", "m")
+ONE = Cooldown(failures=1, secs=10.0)
+TWO = Cooldown(failures=2, secs=10.0)
+
+
+def opened(state: State, ts: TargetState) -> None:
+    state.failed(ts, 0.0, ONE, "503")
+
+
+@pytest.mark.parametrize(("change", "expect"), [
+    pytest.param(lambda s, ts: s.call_admitted(ts, False), lambda s, ts: ts.in_flight == 1 and ts.buffering == 0,
+                 id="admitted-streamed"),
+    pytest.param(lambda s, ts: s.call_admitted(ts, True), lambda s, ts: ts.in_flight == 1 and ts.buffering == 1,
+                 id="admitted-buffered"),
+    pytest.param(lambda s, ts: (s.call_admitted(ts, True), s.call_released(ts, True)),
+                 lambda s, ts: ts.in_flight == 0 and ts.buffering == 0, id="admitted-then-released"),
+    pytest.param(lambda s, ts: s.first_token(ts, 0.25, 1.0, STREAMED, 0),
+                 lambda s, ts: s.tracker.samples(KEY, STREAMED) == 1 and s.tracker.samples(KEY, BUFFERED) == 0
+                 and list(ts.history) == [True], id="first-token-streamed-sample"),
+    pytest.param(lambda s, ts: s.first_token(ts, 0.25, 1.0, BUFFERED, None),
+                 lambda s, ts: s.tracker.samples(KEY, BUFFERED) == 1 and s.tracker.samples(KEY, STREAMED) == 0,
+                 id="first-token-buffered-sample"),
+    pytest.param(lambda s, ts: (setattr(ts, "retired", True), s.first_token(ts, 0.25, 1.0, STREAMED, 0)),
+                 lambda s, ts: s.tracker.samples(KEY, STREAMED) == 0 and list(ts.history) == [True],
+                 id="retired-target-measures-nobody"),
+    pytest.param(lambda s, ts: s.censored(ts, 2.0, 1.0, STREAMED),
+                 lambda s, ts: s.tracker.samples(KEY, STREAMED) == 1 and not ts.history, id="censored-sample"),
+    pytest.param(lambda s, ts: s.failed(ts, 0.0, TWO, "503"),
+                 lambda s, ts: ts.breaker.failures == 1 and s.health(KEY, 0.0).usable and list(ts.history) == [False],
+                 id="one-failure-under-threshold"),
+    pytest.param(opened, lambda s, ts: s.health(KEY, 1.0).state == OPEN, id="failure-at-threshold-opens"),
+    pytest.param(lambda s, ts: (opened(s, ts), s.first_token(ts, 0.1, 11.0, STREAMED, 0)),
+                 lambda s, ts: s.health(KEY, 11.0).usable and ts.breaker.failures == 0, id="success-closes"),
+    pytest.param(lambda s, ts: s.cool(ts, 5.0),
+                 lambda s, ts: not s.health(KEY, 1.0).usable and s.health(KEY, 5.0).usable, id="retry-after-cools"),
+    pytest.param(lambda s, ts: (opened(s, ts), s.admit(ts, 11.0)),
+                 lambda s, ts: s.admit(ts, 11.0) == WAIT, id="probe-claimed-others-wait"),
+    pytest.param(lambda s, ts: (opened(s, ts), s.admit(ts, 11.0), s.probe_released(ts)),
+                 lambda s, ts: s.admit(ts, 11.0) == PROBE, id="probe-released-next-probes"),
+    pytest.param(lambda s, ts: None, lambda s, ts: s.admit(ts, 0.0) == GO, id="closed-admits"),
+])
+def test_each_change_has_its_method(change: Callable[[State, TargetState], Any],
+                                    expect: Callable[[State, TargetState], bool]) -> None:
+    state = State()
+    ts = state.target(KEY)
+    change(state, ts)
+    assert expect(state, ts)
+
+
+def test_costs_are_swapped_in_whole() -> None:
+    state = State()
+    state.set_costs({("a", "chat"): 0.002})
+    assert state.costs == {("a", "chat"): 0.002}
+
+
+FIELDS = {"in_flight", "buffering", "retired", "failures", "state", "open_until", "cool_until", "probing",
+          "cooldown", "costs"}
+MUTATORS = {("breaker", "begin"), ("breaker", "success"), ("breaker", "failure"), ("breaker", "cool"),
+            ("breaker", "abandon_probe"), ("history", "append"), ("tracker", "record")}
+
+
+def writes_around_the_door(tree: ast.AST) -> list[str]:
+    """Assignments to a target's fields and calls of its parts' mutators, as ``line: what``."""
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.AugAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Assign):
+            targets = node.targets
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr in FIELDS and not (
+                    isinstance(t.value, ast.Name) and t.value.id == "self"):
+                found.append(f"{node.lineno}: .{t.attr} =")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if isinstance(owner, ast.Attribute) and (owner.attr, node.func.attr) in MUTATORS:
+                found.append(f"{node.lineno}: .{owner.attr}.{node.func.attr}()")
+    return found
+
+
+def test_nothing_outside_state_writes_a_target() -> None:
+    root = Path(__file__).resolve().parents[2] / "proxy"
+    offenders = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "state":
+            continue
+        found = writes_around_the_door(ast.parse(path.read_text(), str(path)))
+        if found:
+            offenders[str(path.relative_to(root))] = found
+    assert offenders == {}
+
+
+def test_the_scan_sees_a_write_around_the_door() -> None:
+    """The scan is no assert that cannot fail: the writes the walk used to make are found."""
+    code = ("ts.in_flight += 1\nts.breaker.failure(now, c)\nstate.tracker.record(k, 1.0, now)\n"
+            "slot.ts.history.append(True)\n")
+    assert len(writes_around_the_door(ast.parse(code))) == 4

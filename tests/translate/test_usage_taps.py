@@ -1,0 +1,99 @@
+"""SSE framing under hostile streams: an event with no end is bounded, and no read re-copies what is held.
+
+Both framers firstbyte has (the taps' byte framer, the translators' line decoder) are fed an event in
+many small reads. Before, each read re-joined or re-searched everything held, so 12 MiB in 2 KiB reads
+moved tens of gigabytes; now that costs its length once, and past MAX_EVENT_BYTES the stream is too large.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from proxy.bounds import MAX_EVENT_BYTES
+from proxy.errors import StreamTooLarge
+from proxy.translate.anthropic_to_chat import AnthropicStreamToOpenAI
+from proxy.translate.chat_to_messages import OpenAIStreamToAnthropic
+from proxy.translate.sse import SseDecoder
+from proxy.translate.usage_taps import AnthropicUsageTap, OpenAIUsageTap
+from proxy.walk.classify import classify_exception
+
+PIECE = b"x" * 2048
+
+
+def event(text: str) -> bytes:
+    payload = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+               "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+FEEDERS = {
+    "openai-tap": lambda: OpenAIUsageTap(keep_usage_chunk=False).feed,
+    "anthropic-tap": lambda: AnthropicUsageTap().feed,
+    "sse-decoder": lambda: SseDecoder().feed,
+    "anthropic-to-openai": lambda: AnthropicStreamToOpenAI("m", False).feed,
+    "openai-to-anthropic": lambda: OpenAIStreamToAnthropic("m").feed,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list(FEEDERS))
+def test_an_event_held_over_many_reads_costs_its_length_once(name):
+    feed = FEEDERS[name]()
+    t0 = time.process_time()
+    feed(b"data: ")
+    for _ in range((12 * 2**20) // len(PIECE)):  # 12 MiB in 2 KiB reads, no end yet
+        assert not feed(PIECE)
+    took = time.process_time() - t0
+    assert took < 1.0, f"{name}: {took:.2f} s of CPU for 12 MiB held (quadratic?)"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", list(FEEDERS))
+def test_an_event_with_no_end_is_stream_too_large(name):
+    feed = FEEDERS[name]()
+    big = b"x" * 2**20
+    with pytest.raises(StreamTooLarge) as caught:
+        feed(b"data: ")
+        for _ in range(MAX_EVENT_BYTES // len(big) + 2):
+            feed(big)
+    assert "stream too large" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["openai-tap", "anthropic-tap"])
+def test_events_before_the_oversized_one_are_kept_as_partial(name):
+    feed = FEEDERS[name]()
+    with pytest.raises(StreamTooLarge) as caught:
+        feed(event("a") + event("b") + b"data: " + b"x" * (MAX_EVENT_BYTES + 1))
+    assert caught.value.partial == event("a") + event("b")
+
+
+def test_a_ten_megabyte_event_still_passes():
+    tap = OpenAIUsageTap(keep_usage_chunk=False)
+    big = event("x" * 10 * 2**20)
+    out = b"".join(tap.feed(big[i:i + 65536]) for i in range(0, len(big), 65536))
+    assert out == big
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 7, 64])
+def test_a_boundary_split_across_reads_is_still_found(split):
+    """The framer searches only new bytes plus the two held before them: \\n|\\n and \\n\\r|\\n."""
+    stream = event("a") + b"data: {\"x\": 1}\r\n\r\n" + event("b") + b"data: [DONE]\n\n"
+    tap = OpenAIUsageTap(keep_usage_chunk=True)
+    out = b"".join(tap.feed(stream[i:i + split]) for i in range(0, len(stream), split))
+    assert out == stream and tap.done
+
+
+def test_stream_too_large_is_a_failover_safe_oversized_attempt():
+    outcome = classify_exception(StreamTooLarge(MAX_EVENT_BYTES))
+    assert outcome.word == "oversized" and outcome.failover and outcome.counts
+
+
+def test_string_token_counts_are_read_not_added_as_strings():
+    tap = OpenAIUsageTap(keep_usage_chunk=False)
+    usage = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+             "usage": {"prompt_tokens": "12", "completion_tokens": "four"}}
+    tap.feed(b"data: " + orjson.dumps(usage) + b"\n\ndata: [DONE]\n\n")
+    assert tap.usage == {"prompt_tokens": 12, "completion_tokens": 0, "total_tokens": 12}
