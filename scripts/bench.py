@@ -137,15 +137,19 @@ def floor(procs: Procs, name: str, port: int, upstream: int, commit: bool = Fals
 HEDGE = {"after": "p90", "max_extra": 0.1, "explore": True}
 
 
-def firstbyte_config(port: int, upstream: int, otlp: str | None = None) -> dict[str, Any]:
+REDIS: str | None = None  # --redis: the firstbyte processes run as a fleet of one on this Redis
+
+
+def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: float = 1.0) -> dict[str, Any]:
     """Route ``one`` (one target) and ``five`` (five providers), both ``fastest`` with ``hedge`` on (as
     routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``;
-    with ``otlp``, every request traced to that collector."""
+    with ``otlp``, requests traced to that collector (``sample`` of them, every one by default)."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
     return {
-        **({"tracing": {"otlp": otlp, "sample": 1.0}} if otlp else {}),
+        **({"tracing": {"otlp": otlp, "sample": sample}} if otlp else {}),
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
+        **({"state": {"redis": REDIS, "fleet": f"bench-{port}"}} if REDIS else {}),
         "providers": providers,
         "routes": {
             "one": {"strategy": "fastest", "targets": [{"provider": "p1", "model": "sim"}], "hedge": HEDGE},
@@ -189,11 +193,11 @@ class Seeing:
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.sink.serve_forever, daemon=True)]
 
-    def watch(self, port: int) -> None:
-        """Poll the status page's data until stopped."""
+    def watch(self, port: int, poll: bool = True) -> None:
+        """Start the sink and (``poll``) the status page's poller."""
         import urllib.request
 
-        def poll() -> None:
+        def polling() -> None:
             while not self.stop.wait(1.0):
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status/data", timeout=5) as r:
@@ -202,7 +206,8 @@ class Seeing:
                 except OSError:
                     self.seen["poll_errors"] += 1
 
-        self.threads.append(threading.Thread(target=poll, daemon=True))
+        if poll:
+            self.threads.append(threading.Thread(target=polling, daemon=True))
         for t in self.threads:
             t.start()
 
@@ -470,6 +475,7 @@ def raise_fd_limit() -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description="firstbyte vs a direct connection and the aiohttp floor")
     p.add_argument("--quick", action="store_true", help="a short run: 1 repeat, fewer requests and streams")
+    p.add_argument("--redis", default=None, help="run firstbyte with state.redis at this URL (the fleet link on)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
     p.add_argument("--c1-requests", type=int, default=300)
@@ -489,6 +495,8 @@ def main() -> int:
                    help="firstbyte with every request traced to a loopback OTLP sink and its status page polled")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "bench.json"))
     args = p.parse_args()
+    global REDIS
+    REDIS = args.redis
     if args.quick:
         args.repeats, args.c1_requests, args.duration, args.warmup = 1, 150, 1.0, 0.3
         args.streams, args.stream_chunks = 300, 40

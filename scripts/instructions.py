@@ -13,8 +13,9 @@ throughput. Needs valgrind (Debian package ``valgrind``).
     scripts/instructions [--calls 300] [--other NAME=DIR ...] [--unhedged NAME ...] [--see]
 
 ``--see`` adds ``firstbyte-see``: this code with every request traced to a loopback OTLP sink and
-the status page's data polled every second (``scripts/bench --see``); its count includes the
-exporter thread's work and the polls.
+the status page's data polled every second (``scripts/bench --see``), and ``firstbyte-traces``, traced
+alone; their counts include the export and the polls. Under callgrind a call is slow, so a poll a
+second falls on far fewer calls than it would at full speed: the polls' share is overstated.
 
 ``--other`` adds a firstbyte whose ``proxy`` package is in DIR (put first on
 PYTHONPATH), to compare two versions of the code in one run.
@@ -74,7 +75,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=300, help="calls counted per measurement")
     p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
                    help="another firstbyte whose proxy package is in DIR")
-    p.add_argument("--see", action="store_true", help="add firstbyte-see: tracing on and the status page polled")
+    p.add_argument("--see", action="store_true", help="add firstbyte-see: tracing on and the status page polled, "
+                   "and firstbyte-traces: tracing on alone")
+    p.add_argument("--see-sample", type=float, default=1.0, help="tracing.sample for the --see versions")
     p.add_argument("--unhedged", nargs="*", default=[], metavar="NAME",
                    help="versions whose routes leave out hedge (code from before it knows no such key); "
                         "'firstbyte-unhedged' adds this code without it")
@@ -94,6 +97,7 @@ def main() -> int:
         if "firstbyte-unhedged" in args.unhedged:
             versions["firstbyte-unhedged"] = None
         if args.see:
+            versions["firstbyte-traces"] = None
             versions["firstbyte-see"] = None
         for stream in (False, True):
             kind = "streamed" if stream else "buffered"
@@ -105,8 +109,8 @@ def main() -> int:
             for name, path in versions.items():
                 port = bench.free_port()
                 config_path = tmp / f"{name}.json"  # JSON is YAML
-                seeing = bench.Seeing() if name == "firstbyte-see" else None
-                config = bench.firstbyte_config(port, sim, seeing.otlp if seeing else None)
+                seeing = bench.Seeing() if name in ("firstbyte-see", "firstbyte-traces") else None
+                config = bench.firstbyte_config(port, sim, seeing.otlp if seeing else None, args.see_sample)
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")
@@ -114,7 +118,7 @@ def main() -> int:
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
                 if seeing is not None:
-                    seeing.watch(port)
+                    seeing.watch(port, poll=name == "firstbyte-see")
                 try:
                     rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls)
                 finally:

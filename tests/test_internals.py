@@ -19,7 +19,7 @@ from aiohttp.web_protocol import RequestHandler
 from proxy.internals import check, check_client, check_relay, check_server
 from proxy.upstream.session_pool import SessionPool
 
-from .conftest import FakeUpstream, Proxy, chat_body, decision_of, ok_handler, openai_provider, route_config
+from .conftest import CHAT, FakeUpstream, Proxy, decision_of, ok_handler, openai_provider, route_config
 
 
 class OlderResponseHandler(ResponseHandler):
@@ -122,7 +122,7 @@ async def test_upstream_calls_go_through_client_session_when_the_client_protocol
     assert isinstance(p.gateway.pool, SessionPool)
     assert any("upstream calls go through aiohttp.ClientSession" in r.getMessage() for r in caplog.records)
     for stream in (True, False):
-        status, headers, body = await p.post("/v1/chat/completions", {**chat_body(model="chat"), "stream": stream})
+        status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": stream})
         assert status == 200 and b"hello" in body, body
         assert decision_of(headers).served == "up"
     status, health = await p.get("/v1/health")
@@ -141,7 +141,7 @@ async def test_a_refused_connect_through_client_session_is_refused_and_fails_ove
     config = route_config([{"provider": "dead", "model": "m"}, {"provider": "up", "model": "m"}],
                           {"dead": openai_provider(dead_url), "up": openai_provider(up.url)})
     p = await proxy(config, internals=internals)
-    status, headers, _ = await p.post("/v1/chat/completions", chat_body(model="chat"))
+    status, headers, _ = await p.post("/v1/chat/completions", CHAT)
     assert status == 200
     assert decision_of(headers).attempts[0][0] == "dead"
     assert decision_of(headers).attempts[0][1].startswith("refused")
@@ -156,7 +156,7 @@ async def test_client_connections_are_aiohttps_own_when_the_server_internals_mov
     internals = await check(handler=RenamedTimerHandler)
     p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
                     internals=internals)
-    status, _, body = await p.post("/v1/chat/completions", chat_body(model="chat"))
+    status, _, body = await p.post("/v1/chat/completions", CHAT)
     assert status == 200 and b"hello" in body
     reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
@@ -165,5 +165,5 @@ async def test_client_connections_are_aiohttps_own_when_the_server_internals_mov
     assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request") and b"text/plain" in answer  # not ours
     status, health = await p.get("/v1/health")
     assert health["aiohttp"]["fallback"] == ["server"]
-    assert p.gateway.guards[0].conns == set()  # no GuardedHandler was made
+    assert p.guards[0].conns == set()  # no GuardedHandler was made
 

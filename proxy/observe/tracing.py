@@ -1,12 +1,11 @@
 """OpenTelemetry traces from finished exchanges: one span per request, a child per attempt.
 
-Needs the ``otel`` extra (``pip install 'firstbyte[otel]'``); the hub imports this module only
-when ``tracing`` is set. Spans are built after the answer, like every observer's work, from the
-Decision and the ids the request path chose (``proxy/traceparent.py``: the attempt span ids
-are the ones its upstream already saw in ``traceparent``), with their real start and end times.
-They are handed to the SDK's batch processor, whose own thread encodes and sends them over
-OTLP/HTTP: a slow or dead collector fills a bounded queue and spans are dropped, while no
-request waits.
+Spans are built after the answer, like every observer's work, from the Decision and the ids the
+request path chose (``proxy/traceparent.py``: the attempt span ids are the ones its upstream
+already saw in ``traceparent``), with their real start and end times, and encoded at once into
+OTLP protobuf (``otlp.py``). A task the observer owns posts them in batches every half second
+over OTLP/HTTP; a slow or dead collector fills a bounded queue and spans are dropped, while no
+request waits for anything (docs/adr/0012).
 
 Names and attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``):
 the request span is ``{operation} {route}`` (kind server), an attempt ``{operation} {upstream
@@ -16,32 +15,32 @@ model}`` (kind client) with its provider; the routing record rides along as ``fi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
+import time
+from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
 
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+import aiohttp
 from yarl import URL
 
 from ..config import Config, Tracing
 from ..routing.decision import RACE_WORDS, Attempt, Decision
 from ..traceparent import TraceContext
 from . import Finished
+from .otlp import CLIENT, ERROR, SERVER, attr, export_request, known, scope, seconds, span
 
 __all__ = ["Traces"]
 
 log = logging.getLogger("firstbyte")
 
-EXPORT_TIMEOUT = 5.0  # seconds one export may take, in the exporter's thread
+EXPORT_TIMEOUT = 5.0  # seconds one export may take
 CLOSE_WAIT = 2.0  # seconds a stop waits for the last spans to go out
+EVERY = 0.5  # seconds between exports
+BATCH = 512  # spans per export at most
+WARN_EVERY = 60.0  # seconds between two warnings about a collector that fails
 # firstbyte's operations as gen_ai.operation.name says them
 OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "completions": "text_completion",
               "embeddings": "embeddings"}
@@ -50,46 +49,46 @@ PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "azure": "azure.ai.op
 _NS = 1_000_000_000
 
 
-class _Chosen(IdGenerator):
-    """The SDK's id source, told each id in turn: the ids were chosen on the request path, where
-    the upstream already received them in ``traceparent``."""
-
-    def __init__(self) -> None:
-        self.span_id = 0
-        self.trace_id = 0
-
-    def generate_span_id(self) -> int:
-        return self.span_id
-
-    def generate_trace_id(self) -> int:
-        return self.trace_id
+def _version() -> str:
+    try:
+        return version("firstbyte")
+    except PackageNotFoundError:  # pragma: no cover - run from a tree that was not installed
+        return "0"
 
 
 class Traces:
-    """Observer: finished exchanges with a sampled trace become spans, exported off the loop."""
+    """Observer: finished exchanges with a sampled trace become OTLP spans, posted by its own task."""
 
     def __init__(self, tracing: Tracing, config: Config | None = None) -> None:
         self.tracing = tracing
-        self._targets: dict[str, tuple[str, str, str]] = {}
+        self.url = tracing.otlp or ""
+        self.queue: deque[bytes] = deque()
+        self.dropped = 0  # spans the full queue turned away
+        self.failed = 0  # spans whose export failed
+        self._resource = attr("service.name", tracing.service_name, 1)
+        self._scope = scope("firstbyte", _version())
+        self._targets: dict[str, tuple[str, bytes]] = {}  # target: (upstream model, its fixed attributes)
+        self._task: asyncio.Task[None] | None = None  # kept: a bare task may be collected
+        self._warned = 0.0
         if config is not None:
             self.reconfigure(config)
-        self._ids = _Chosen()
-        exporter = OTLPSpanExporter(endpoint=tracing.otlp, timeout=EXPORT_TIMEOUT)
-        self._processor = BatchSpanProcessor(exporter, max_queue_size=tracing.queue, schedule_delay_millis=500,
-                                             max_export_batch_size=min(512, tracing.queue),
-                                             export_timeout_millis=EXPORT_TIMEOUT * 1000)
-        self._provider = TracerProvider(sampler=ALWAYS_ON, id_generator=self._ids, shutdown_on_exit=False,
-                                        resource=Resource.create({"service.name": tracing.service_name}))
-        self._provider.add_span_processor(self._processor)
-        self._tracer = self._provider.get_tracer("firstbyte")
 
     def reconfigure(self, config: Config) -> None:
-        """Each target's upstream model, provider kind and base URL, for its attempt spans."""
-        self._targets = {}
+        """Each target's upstream model and the attributes that never change for it, encoded once."""
+        targets: dict[str, tuple[str, bytes]] = {}
         for route in config.routes.values():
             for t in route.targets:
+                if t.name in targets:
+                    continue
                 provider = config.providers[t.provider]
-                self._targets.setdefault(t.name, (t.model, provider.kind, provider.base_url or ""))
+                system = PROVIDERS.get(provider.kind, provider.kind)
+                fixed = (attr("gen_ai.request.model", t.model) + attr("gen_ai.provider.name", system)
+                         + attr("gen_ai.system", system) + attr("firstbyte.target", t.name))
+                if provider.base_url:
+                    url = URL(provider.base_url)
+                    fixed += attr("server.address", url.host or "") + attr("server.port", url.port or 0)
+                targets[t.name] = (t.model, fixed)
+        self._targets = targets
 
     def on_finished(self, finished: Finished) -> None:
         ctx = finished.trace
@@ -97,114 +96,148 @@ class Traces:
             return
         start = int(finished.started * _NS)
         end = start + int(finished.total * _NS)
-        request = self._request_span(finished, ctx, start)
+        trace_id = ctx.trace_id.to_bytes(16, "big")
         d = finished.decision
+        usage = b"" if d is None else _usage(d)
+        out = [self._request_span(finished, ctx, trace_id, start, end, usage)]
         if d is not None:
-            parent = trace.set_span_in_context(request, Context())
             for attempt, span_id, began in _paired(d, ctx):
                 t0 = start if began is None else start + int((began - ctx.t0) * _NS)
-                self._attempt_span(finished, d, attempt, span_id, parent, t0, end)
-        request.end(end)
+                out.append(self._attempt_span(finished, d, ctx, trace_id, attempt, span_id, t0, end, usage))
+        room = self.tracing.queue - len(self.queue)
+        if room < len(out):
+            self.dropped += len(out)
+            return
+        self.queue.extend(out)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="firstbyte-traces")
 
-    def _request_span(self, f: Finished, ctx: TraceContext, start: int) -> Any:
+    def _request_span(self, f: Finished, ctx: TraceContext, trace_id: bytes, start: int, end: int,
+                      usage: bytes) -> bytes:
         d = f.decision
         op = OPERATIONS.get(f.operation, f.operation or "chat")
         route = d.route if d is not None else (f.asked or "")
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": op, "gen_ai.request.model": route, "http.request.method": f.method,
-            "url.path": f.path, "http.response.status_code": f.status, "client.address": f.client,
-            "firstbyte.request_id": d.id if d is not None else (f.request_id or ""), "firstbyte.stream": f.stream,
-        }
+        a = (known("gen_ai.operation.name", op) + known("gen_ai.request.model", route)
+             + known("http.request.method", f.method) + known("url.path", f.path)
+             + known("http.response.status_code", f.status) + known("firstbyte.stream", f.stream))
         if d is not None:
-            attrs.update({
-                "firstbyte.route": d.route, "firstbyte.strategy": d.strategy, "firstbyte.decision": d.header(),
-                "firstbyte.order": [r.name for r in d.order], "firstbyte.first_reason": d.first_reason,
-                "firstbyte.excluded": [f"{e.name}({e.reason})" for e in d.excluded],
-                "firstbyte.failovers": d.failovers,
-            })
+            a += (known("firstbyte.route", d.route) + known("firstbyte.strategy", d.strategy)
+                  + attr("firstbyte.request_id", d.id) + attr("firstbyte.decision", d.header())
+                  + _names("firstbyte.order", tuple(r.name for r in d.order))
+                  + known("firstbyte.first_reason", d.first_reason) + known("firstbyte.failovers", d.failovers)
+                  + usage)
+            if d.excluded:
+                a += attr("firstbyte.excluded", [f"{e.name}({e.reason})" for e in d.excluded])
             if d.served:
-                attrs["firstbyte.served"] = d.served
-            attrs.update(_usage(d))
+                a += known("firstbyte.served", d.served)
         if f.ttfc is not None:
-            attrs["firstbyte.time_to_first_byte_s"] = round(f.ttfc, 6)
+            a += seconds("firstbyte.time_to_first_byte_s", f.ttfc)
+        status = None
         if f.status >= 400:
-            attrs["error.type"] = f.error or str(f.status)
-        parent = Context()
-        if ctx.parent_id is not None:
-            remote = SpanContext(ctx.trace_id, ctx.parent_id, is_remote=True, trace_flags=TraceFlags(1))
-            parent = trace.set_span_in_context(NonRecordingSpan(remote), parent)
-        self._ids.trace_id, self._ids.span_id = ctx.trace_id, ctx.span_id
-        span = self._tracer.start_span(f"{op} {route}", parent, SpanKind.SERVER, attrs, start_time=start)
-        if f.status >= 500:
-            span.set_status(Status(StatusCode.ERROR, f.error or str(f.status)))
-        return span
+            a += known("error.type", f.error or str(f.status))
+            if f.status >= 500:  # a server span's error: the gateway's, not the client's
+                status = (ERROR, f.error or str(f.status))
+        return span(trace_id, ctx.span_id, ctx.parent_id, f"{op} {route}", SERVER, start, end, a, status,
+                    ctx.tracestate)
 
-    def _attempt_span(self, f: Finished, d: Decision, a: Attempt, span_id: int, parent: Context, start: int,
-                      request_end: int) -> None:
-        model, kind, base_url = self._targets.get(a.name, ("", "", ""))
+    def _attempt_span(self, f: Finished, d: Decision, ctx: TraceContext, trace_id: bytes, a: Attempt, span_id: int,
+                      start: int, request_end: int, usage: bytes) -> bytes:
+        model, fixed = self._targets.get(a.name, ("", attr("firstbyte.target", a.name)))
         op = OPERATIONS.get(f.operation, f.operation or "chat")
-        system = PROVIDERS.get(kind, kind or "unknown")
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": op, "gen_ai.request.model": model or a.name, "gen_ai.provider.name": system,
-            "gen_ai.system": system, "firstbyte.target": a.name, "firstbyte.attempt.outcome": a.outcome,
-            "firstbyte.attempt.failover": a.failover,
-        }
-        if base_url:
-            url = URL(base_url)
-            attrs["server.address"], attrs["server.port"] = url.host or "", url.port or 0
+        b = (known("gen_ai.operation.name", op) + fixed + known("firstbyte.attempt.outcome", a.outcome)
+             + known("firstbyte.attempt.failover", a.failover))
         if a.outcome.isdigit():
-            attrs["http.response.status_code"] = int(a.outcome)
+            b += known("http.response.status_code", int(a.outcome))
         if a.ttfc is not None:
-            attrs["firstbyte.time_to_first_token_s"] = round(a.ttfc, 6)
+            b += seconds("firstbyte.time_to_first_token_s", a.ttfc)
         for name, role in d.race:
             if name == a.name:
-                attrs["firstbyte.race.role"] = role
+                b += known("firstbyte.race.role", role)
+                break
         served = a.name == d.served and a.ttfc is not None
         # a racer's end (lost, measured…) is no failure; a status from 400 up and a failure word are
         failed = int(a.outcome) >= 400 if a.outcome.isdigit() else a.outcome not in RACE_WORDS
         if served:
-            attrs["gen_ai.response.model"] = model or a.name
-            attrs.update(_usage(d))
+            b += known("gen_ai.response.model", model or a.name) + usage
         elif failed:
-            attrs["error.type"] = a.outcome
-        self._ids.span_id = span_id
-        span = self._tracer.start_span(f"{op} {model or a.name}", parent, SpanKind.CLIENT, attrs, start_time=start)
-        if failed:
-            span.set_status(Status(StatusCode.ERROR, a.outcome))
+            b += known("error.type", a.outcome)
         # The served attempt goes on until the answer has been relayed; the others end when settled.
         end = max(request_end, start) if served else start + int(a.seconds * _NS)
-        span.end(end)
+        return span(trace_id, span_id, ctx.span_id, f"{op} {model or a.name}", CLIENT, start, end, b,
+                    (ERROR, a.outcome) if failed else None, ctx.tracestate)
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            while True:
+                await asyncio.sleep(EVERY)
+                while self.queue:
+                    await self._send(session)
+
+    async def _send(self, session: aiohttp.ClientSession) -> None:
+        """One batch to the collector; a failure drops it (with a warning at most once a minute)."""
+        batch = [self.queue.popleft() for _ in range(min(BATCH, len(self.queue)))]
+        body = export_request(self._resource, self._scope, batch)
+        problem = None
+        try:
+            async with session.post(self.url, data=body, headers={"content-type": "application/x-protobuf"},
+                                    timeout=aiohttp.ClientTimeout(total=EXPORT_TIMEOUT)) as r:
+                await r.read()
+                if r.status >= 300:
+                    problem = f"answered {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            self.failed += len(batch)
+            now = time.monotonic()
+            if now - self._warned >= WARN_EVERY:
+                self._warned = now
+                log.warning("tracing: the collector at %s %s; %d spans dropped so far", self.url, problem,
+                            self.failed + self.dropped)
 
     async def close(self) -> None:
         """Send what is queued, waiting at most CLOSE_WAIT: a dead collector does not hold up a stop."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not self.queue:
+            return
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._provider.shutdown), CLOSE_WAIT)
+            async with asyncio.timeout(CLOSE_WAIT), aiohttp.ClientSession() as session:
+                while self.queue:
+                    await self._send(session)
         except TimeoutError:
-            log.warning("tracing: the collector at %s did not take the last spans in %.0fs",
-                        self.tracing.otlp, CLOSE_WAIT)
+            log.warning("tracing: the collector at %s did not take the last spans in %.0fs", self.url, CLOSE_WAIT)
 
 
-def _usage(d: Decision) -> dict[str, int]:
-    out = {}
+def _usage(d: Decision) -> bytes:
+    out = b""
     for ours, theirs in (("prompt_tokens", "gen_ai.usage.input_tokens"),
                          ("completion_tokens", "gen_ai.usage.output_tokens")):
         count = d.usage.get(ours)
         if isinstance(count, int):
-            out[theirs] = count
+            out += known(theirs, count)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(key: str, names: tuple[str, ...]) -> bytes:
+    """An order of targets: a route's few orders, encoded once each."""
+    return attr(key, names)
 
 
 def _paired(d: Decision, ctx: TraceContext) -> Iterator[tuple[Attempt, int, float | None]]:
     """Each attempt of the decision with the span id and start the walker gave it: by target, in
     order (one target's tries are sequential, whatever races beside them). An attempt the walker
     never started (a request the target's API cannot express) gets a new id and no start."""
-    started: dict[str, list[tuple[int, float]]] = {}
+    started: dict[str, deque[tuple[int, float]]] = {}
     for name, span_id, began in ctx.attempts:
-        started.setdefault(name, []).append((span_id, began))
+        started.setdefault(name, deque()).append((span_id, began))
     for a in d.attempts:
         mine = started.get(a.name)
         if mine:
-            span_id, began = mine.pop(0)
+            span_id, began = mine.popleft()
             yield a, span_id, began
         else:
             yield a, ctx.new_span_id(), None

@@ -203,6 +203,7 @@ async def test_a_collector_that_never_answers_costs_requests_nothing(upstreams: 
             assert (await chat(url))[0] == 200
             took.append(time.monotonic() - t0)
         assert max(took) < 0.5, max(took)
+        assert hub.traces is not None and hub.traces.dropped > 0  # the queue of 64 was full: dropped
     finally:
         await runner.cleanup()
         t0 = time.monotonic()

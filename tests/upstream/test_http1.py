@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import gzip
 import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import aiohttp
 import orjson
@@ -27,7 +25,7 @@ from proxy.upstream.transport import failure_of
 
 from ..anthropic_fakes import anthropic_provider, messages_handler
 from ..conftest import route_config
-from .conftest import read_head, reply, reused, whole
+from .conftest import ca_and_leaf, read_head, reply, reused, whole
 
 
 async def until(check: Callable[[], bool]) -> None:
@@ -323,33 +321,9 @@ async def test_connect_moves_on_to_the_next_address_when_the_first_does_not_answ
 # A trailing-dot FQDN (the k8s "svc.cluster.local." habit): resolved with its dot, but SNI, the
 # certificate check and Host use the name without it, as aiohttp does.
 
-def _ca_and_leaf(tmp: Path, dns: str) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    day = datetime.timedelta(days=1)
-    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "review ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(1).not_valid_before(now - day).not_valid_after(now + day)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns)]))
-            .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(2)
-            .not_valid_before(now - day).not_valid_after(now + day)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    (tmp / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (tmp / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + leaf_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return tmp / "ca.pem", tmp / "leaf.pem"
-
 
 async def test_a_trailing_dot_host_is_verified_and_sent_without_its_dot(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    ca, leaf = _ca_and_leaf(tmp_path, "upstream.test")
+    ca, leaf = ca_and_leaf(tmp_path, "upstream.test")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(leaf)
     heads: list[bytes] = []
