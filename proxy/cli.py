@@ -136,6 +136,14 @@ def _gateway_url(args: argparse.Namespace) -> str | None:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _fleet_words(fleet: dict[str, Any] | None) -> str:
+    """``  fleet=NAME in-fleet since ...`` (or alone, with why); nothing without state.redis."""
+    if not fleet or fleet.get("state") == "off":
+        return ""
+    words = f"  fleet={fleet['fleet']} {fleet['state']} since {fleet['since']} as {fleet['instance']}"
+    return words + (f" ({fleet['reason']})" if fleet.get("reason") else "")
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     base = _gateway_url(args)
     if base is None:
@@ -161,7 +169,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return 0
-    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}")
+    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}{_fleet_words(data.get('fleet'))}")
     rows = [
         [str(i + 1), o["target"], o["detail"], *_mode_cells(o["streamed"]), *_mode_cells(o["buffered"])]
         for i, o in enumerate(data["order"])

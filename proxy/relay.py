@@ -23,55 +23,9 @@ import aiohttp
 from aiohttp import web
 
 from .errors import StreamError
-from .server.listener import client_fault
-from .server.replies import GATEWAY
+from .scrub import Scrubber
 from .upstream.transport import UPSTREAM_ERRORS, break_of
 from .walk.lease import DRAINING, Lease
-
-# Never forwarded from upstream: hop-by-hop, framing we redo, and credentials.
-DROPPED = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "content-encoding",
-        "date",
-        "server",
-        "set-cookie",
-        "set-cookie2",
-        "authorization",
-        "www-authenticate",
-        "x-api-key",
-        "api-key",
-        "openai-organization",
-        "openai-project",
-        "anthropic-organization-id",
-        "x-route-decision",  # ours to write: an upstream's copy would be read as firstbyte's
-        "x-request-id",
-    }
-)
-_PLAIN_CONNECTION = frozenset({"close", "keep-alive"})
-
-
-def forward_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The upstream's headers a client may see, plus ours (``extra``), compared case-insensitively.
-
-    Headers the upstream names in ``Connection`` are hop-by-hop by its own say (RFC 9110 7.6.1)
-    and dropped too; the usual ``close`` or ``keep-alive`` costs nothing more."""
-    dropped = DROPPED
-    named = upstream.get("connection")
-    if named is not None and named.lower() not in _PLAIN_CONNECTION:
-        dropped = DROPPED | {token.strip().lower() for token in named.split(",")}
-    headers = {k: v for k, v in upstream.items() if k.lower() not in dropped}
-    headers.update(extra)
-    return headers
 
 
 class _CommitResponse(web.StreamResponse):
@@ -94,8 +48,9 @@ class Meter(Protocol):
 
 
 async def relay_stream(request: web.Request, lease: Lease, status: int, headers: Mapping[str, str],
-                       clock: Callable[[], float], meter: Meter) -> web.StreamResponse:
-    """Translate and write until the stream's end marker, a break or the upstream's end.
+                       clock: Callable[[], float], meter: Meter, scrubber: Scrubber) -> web.StreamResponse:
+    """Translate and write until the stream's end marker, a break or the upstream's end
+    (``scrubber``: the configured keys, taken out of a failure's words before they are told).
 
     One coroutine, the loop inline: every chunk's await passes through each frame of the
     request's chain, and a coroutine of its own for the loop measured (callgrind)."""
@@ -135,7 +90,7 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
         if failure is None and not translator.done:
             failure = "the upstream stream ended before its end marker"
         if failure is not None:
-            failure, last = await _fail(request, response, lease, failure, last, meter, clock), b""
+            failure, last = await _fail(response, lease, scrubber.text(failure), last, meter, clock, scrubber), b""
         elif last:
             _sent(meter, len(last), clock)
         await response.write_eof(last)
@@ -154,14 +109,15 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
     return response
 
 
-async def _fail(request: web.Request, response: web.StreamResponse, lease: Lease, failure: str, tail: bytes,
-                meter: Meter, clock: Callable[[], float]) -> str:
+async def _fail(response: web.StreamResponse, lease: Lease, failure: str, tail: bytes,
+                meter: Meter, clock: Callable[[], float], scrubber: Scrubber) -> str:
     """End a broken stream: ``tail`` (the events before the translator's verdict), then the
-    translator's error event. Returns the failure scrubbed."""
+    translator's error event. ``failure`` comes scrubbed (an upstream's words may quote its key);
+    ``tail`` is scrubbed here: it may be the upstream's own error event (a Responses stream as it is)."""
     if tail:
+        tail = scrubber.bytes(tail)
         await response.write(tail)
         _sent(meter, len(tail), clock)
-    failure = request.app[GATEWAY].scrubber.text(failure)  # an upstream's words may quote its key
     meter.error = failure
     if lease.expired == DRAINING:
         message = "firstbyte is shutting down: the answer is incomplete; send the request again."
@@ -180,6 +136,13 @@ def _left(request: web.Request, lease: Lease) -> str:
     if lease.expired == DRAINING:
         return DRAINING
     return lease.stalled or client_fault(request) or "client disconnected"
+
+
+def client_fault(request: web.BaseRequest) -> str | None:
+    """Why the guard cut this request's connection, when it was the client's doing (it stopped
+    reading); None when the client simply left or the connection is not guarded. The guard
+    (``server/listener.py``) sets ``fault`` on the connection's protocol."""
+    return getattr(request.protocol, "fault", None)
 
 
 def _sent(meter: Meter, size: int, clock: Callable[[], float]) -> None:

@@ -88,14 +88,14 @@ class Service:
         old = self.gateway.config
         fixed = {"listen": (config.listen, old.listen), "ops_listen": (config.ops_listen, old.ops_listen),
                  "shutdown_grace": (config.shutdown_grace, old.shutdown_grace),
-                 "connections": (config.connections, old.connections)}
+                 "connections": (config.connections, old.connections), "state": (config.state, old.state)}
         try:
             self.gateway.apply(config)
-            await self.hub.reconfigure(config, self.gateway)
+            await self.hub.reconfigure(config, self.gateway.outbox)
         except Exception as exc:
             try:
                 self.gateway.apply(old)
-                await self.hub.reconfigure(old, self.gateway)
+                await self.hub.reconfigure(old, self.gateway.outbox)
             except Exception:
                 log.exception("putting the running config back failed too")
             bug = not isinstance(exc, OSError)  # a log file that cannot open is the file's news, not a bug
@@ -104,15 +104,13 @@ class Service:
         for key, (new, was) in fixed.items():
             if new != was:
                 log.warning("%s changed: takes effect on restart", key)
-        self.gateway.reload_ok = True
-        self.gateway.reloads["taken"] += 1
+        self.gateway.loaded.taken()
         log.info("reloaded %s: %d routes", self.config_path, len(config.routes))
         return True
 
     def _refused(self, reason: str, bug: bool = False) -> bool:
         log.error("reload refused, the running config stays: %s", reason, exc_info=bug)
-        self.gateway.reload_ok = False  # firstbyte_config_last_reload_successful 0
-        self.gateway.reloads["refused"] += 1
+        self.gateway.loaded.refused()  # firstbyte_config_last_reload_successful 0
         return False
 
     def _on_sighup(self) -> None:
@@ -132,7 +130,7 @@ class Service:
 
     async def _start_site(self, app: web.Application, listen: str, name: str) -> None:
         guard = Guard(self.gateway.config.connections, name)
-        self.gateway.guards.append(guard)
+        self.hub.connections.append(guard)  # counted on /metrics
         runner = GuardedRunner(
             app,
             guard,

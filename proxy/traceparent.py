@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
-from .providers.base import UpstreamRequest
+from .upstream.transport import UpstreamRequest
 
 __all__ = ["TraceContext", "begin", "parse_traceparent"]
 

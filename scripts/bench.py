@@ -137,6 +137,9 @@ def floor(procs: Procs, name: str, port: int, upstream: int, commit: bool = Fals
 HEDGE = {"after": "p90", "max_extra": 0.1, "explore": True}
 
 
+REDIS: str | None = None  # --redis: the firstbyte processes run as a fleet of one on this Redis
+
+
 def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: float = 1.0) -> dict[str, Any]:
     """Route ``one`` (one target) and ``five`` (five providers), both ``fastest`` with ``hedge`` on (as
     routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``;
@@ -146,6 +149,7 @@ def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: 
         **({"tracing": {"otlp": otlp, "sample": sample}} if otlp else {}),
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
+        **({"state": {"redis": REDIS, "fleet": f"bench-{port}"}} if REDIS else {}),
         "providers": providers,
         "routes": {
             "one": {"strategy": "fastest", "targets": [{"provider": "p1", "model": "sim"}], "hedge": HEDGE},
@@ -471,6 +475,7 @@ def raise_fd_limit() -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description="firstbyte vs a direct connection and the aiohttp floor")
     p.add_argument("--quick", action="store_true", help="a short run: 1 repeat, fewer requests and streams")
+    p.add_argument("--redis", default=None, help="run firstbyte with state.redis at this URL (the fleet link on)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
     p.add_argument("--c1-requests", type=int, default=300)
@@ -490,6 +495,8 @@ def main() -> int:
                    help="firstbyte with every request traced to a loopback OTLP sink and its status page polled")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "bench.json"))
     args = p.parse_args()
+    global REDIS
+    REDIS = args.redis
     if args.quick:
         args.repeats, args.c1_requests, args.duration, args.warmup = 1, 150, 1.0, 0.3
         args.streams, args.stream_chunks = 300, 40

@@ -1,4 +1,4 @@
-"""What a quiet period before reuse costs and buys (the measurement behind docs/adr/0012).
+"""What a quiet period before reuse costs and buys (the measurement behind docs/adr/0015).
 
 Runs a loopback upstream written by hand (it echoes each request's ``n`` back, after ``--answer-ms``)
 and ``--clients`` callers that call it one after another through ``proxy.upstream.http1.Pool``, once

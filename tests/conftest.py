@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,6 +18,8 @@ from proxy.gateway import Gateway
 from proxy.routing.decision import ParsedDecision, parse_header
 from proxy.server.app import build_app
 from proxy.server.listener import Guard, GuardedRunner
+
+from .redis_server import RedisServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -119,6 +122,7 @@ class Proxy:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.guards: list[Guard] = []  # the listener's connection guard, as `firstbyte serve` registers it
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.port = 0
@@ -126,7 +130,7 @@ class Proxy:
     async def start(self) -> Proxy:
         """Served as ``firstbyte serve`` serves: its connections kept by the listener's guard."""
         guard = Guard(self.gateway.config.connections)
-        self.gateway.guards.append(guard)
+        self.guards.append(guard)
         self.runner = GuardedRunner(build_app(self.gateway), guard, handler_cancellation=True, shutdown_timeout=1)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -290,3 +294,24 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("fault drill")
         for line in drill.FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server per test session (persistence off, a password required); each test
+    names its own fleet, so tests never read each other's keys."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may kill and start again."""
+    server = RedisServer(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.kill()

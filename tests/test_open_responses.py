@@ -57,6 +57,8 @@ FUNCTION_TOOL = {"type": STR, "name": STR, "description": (STR, NULL), "paramete
 USAGE = {"input_tokens": INT, "output_tokens": INT, "total_tokens": INT, "input_tokens_details": OBJ,
          "output_tokens_details": OBJ}
 STATUSES = ("in_progress", "completed", "incomplete")
+JSON_SCHEMA_FORMAT = {"type": STR, "name": STR, "description": (STR, NULL), "schema": ANY, "strict": BOOL}
+REASONING = {"effort": (STR, NULL), "summary": (STR, NULL)}
 
 _EVENT = {"type": STR, "sequence_number": INT}
 _PART = {**_EVENT, "item_id": STR, "output_index": INT, "content_index": INT}
@@ -127,8 +129,13 @@ def response_problems(response: Any, where: str = "response") -> list[str]:
         problems += shape(response["usage"], USAGE, f"{where}.usage")
     if response.get("truncation") not in ("auto", "disabled"):
         problems.append(f"{where}.truncation: {response.get('truncation')!r}")
-    if "format" not in (response.get("text") or {}):
+    fmt = (response.get("text") or {}).get("format")
+    if not isinstance(fmt, dict):
         problems.append(f"{where}.text.format: required, missing")
+    elif fmt.get("type") == "json_schema":
+        problems += shape(fmt, JSON_SCHEMA_FORMAT, f"{where}.text.format")
+    if response.get("reasoning") is not None:
+        problems += shape(response["reasoning"], REASONING, f"{where}.reasoning")
     return problems
 
 
@@ -281,3 +288,19 @@ async def test_the_openai_sdk_reads_the_spec_fields_through_each_kind(upstreams,
     assert isinstance(final.completed_at, int | float)
     tool = final.tools[0]
     assert (tool.name, tool.strict, tool.description) == ("get_weather", None, WEATHER["description"])
+
+
+@pytest.mark.parametrize("stream", [pytest.param(False, id="buffered"), pytest.param(True, id="streamed")])
+async def test_a_json_schema_format_and_a_partial_reasoning_are_echoed_whole(shipped, stream):
+    """The request's text.format (json_schema without description or strict) and reasoning (an
+    effort without a summary) come back with every field the spec's objects require."""
+    fmt = {"type": "json_schema", "name": "weather", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    body = {"model": "chat", "input": "Weather in Oslo?", "text": {"format": fmt}, "reasoning": {"effort": "low"},
+            "stream": stream}
+    status, raw = await post_responses(shipped.url, body)
+    assert status == 200, raw[:500]
+    final = sse_events(raw)[-1]["response"] if stream else orjson.loads(raw)
+    assert response_problems(final) == []
+    assert final["text"]["format"] == {"description": None, "strict": False, **fmt}
+    assert final["reasoning"] == {"effort": "low", "summary": None}

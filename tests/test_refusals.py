@@ -70,6 +70,13 @@ REFUSED = [
     pytest.param("/v1/chat/completions", "claude", {"messages": USER, "tools": [FUNCTION],
                                                     "response_format": {"type": "json_object"}},
                  "response_format", "send one of the two", id="chat-to-anthropic-json-with-tools"),
+    pytest.param("/v1/responses", "claude", {"input": "hi", "tools": [{"type": "function", "name": "f"}],
+                                             "text": {"format": {"type": "json_object"}}},
+                 "text.format", "send one of the two", id="responses-to-anthropic-json-with-tools"),
+    pytest.param("/v1/responses", "claude", {"input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "n", "schema": {"type": "array"}}}},
+                 "text.format.schema", "wrap the value in an object property",
+                 id="responses-to-anthropic-array-schema"),
     pytest.param("/v1/embeddings", "claude", {"input": "hi"}, "model", "use a route whose targets serve it",
                  id="embeddings-to-anthropic"),
     pytest.param("/v1/messages", "gpt", {"max_tokens": 5, "messages": USER, "tools": [

@@ -34,8 +34,8 @@ async def raw_headers(p, body: dict[str, object]) -> tuple[int, list[tuple[str, 
 def forging(stream: bool = False):
     async def handle(request: web.Request) -> web.StreamResponse:
         headers = {"X-Route-Decision": "id=forged; route=chat; strategy=ordered; order=evil(written); served=evil",
-                   "X-REQUEST-ID": "forged", "Connection": "keep-alive, X-Hop", "X-Hop": "secret-hop",
-                   "X-Kept": "yes"}
+                   "X-REQUEST-ID": "forged", "Connection": "keep-alive, X-RateLimit-Hop", "X-RateLimit-Hop": "hop",
+                   "X-Not-Listed": "dropped", "X-RateLimit-Remaining-Requests": "99"}
         if not (await request.json()).get("stream"):
             return web.json_response(chat_body(), headers=headers)
         response = web.StreamResponse(headers={"content-type": "text/event-stream", **headers})
@@ -58,8 +58,10 @@ async def test_upstream_copies_of_our_headers_and_its_hop_headers_are_dropped(up
     values = dict((k.lower(), v) for k, v in headers)
     decision = parse_header(values["x-route-decision"])
     assert decision.served == "up" and decision.id == values["x-request-id"] != "forged"
-    assert "x-hop" not in names
-    assert values["x-kept"] == "yes"
+    assert "x-ratelimit-hop" not in names  # on the list, but hop-by-hop by the upstream's own say
+    assert "x-not-listed" not in names  # not on the list (proxy/egress.py)
+    assert values["x-ratelimit-remaining-requests"] == "99"
+    assert values["x-upstream-request-id"] == "forged"  # the provider's id, under a name of its own
 
 
 async def test_one_clients_upstream_cookie_never_rides_on_anothers_request(upstreams, proxy):
@@ -93,12 +95,16 @@ async def test_the_provider_key_echoed_in_an_upstream_error_never_comes_back(ups
            "routes": {"j": {"targets": [{"provider": "j", "model": "m"}]},
                       "t": {"targets": [{"provider": "t", "model": "m"}]}}}
     p = await proxy(raw, {"K": KEY})
+    auth = status in (401, 403)  # the provider refused firstbyte's key: a 502 in our words (docs/adr/0013)
     for route in ("j", "t"):
         got, _, body = await p.post("/v1/chat/completions", {**CHAT, "model": route})
-        assert got == status
+        assert got == (502 if auth else status)
         assert orjson.loads(body)["error"]["message"]
         assert KEY not in body.decode() and KEY[:12] not in body.decode(), body
-        assert b"[redacted]" in body or route == "t"  # t: cut at 500 characters, after the scrub
+        if auth:
+            assert b"refused firstbyte's key" in body and b"you sent" not in body and b"bad key" not in body
+        else:
+            assert b"[redacted]" in body or route == "t"  # t: cut at 500 characters, after the scrub
     assert up.calls[0]["headers"]["Authorization"] == f"Bearer {KEY}"  # it did reach the upstream
 
 
@@ -220,27 +226,40 @@ async def test_clients_that_stop_reading_are_cut_at_the_send_timeout_and_free_th
     status, _, body = await p.post("/v1/chat/completions", CHAT)
     assert status == 503 and b"busy" in body  # both slots held meanwhile: the bound is what frees them
     took = await freed_within(p, endless, 5)
-    for sock in socks:
-        sock.close()
+    assert [await cut_how(sock) for sock in socks] == ["reset", "reset"]
     assert took < 3
     await assert_the_clients_fault(p, recorder, "connections.send_timeout")
-    assert p.gateway.guards[0].closed["send_timeout"] == 2
+    assert p.guards[0].closed["send_timeout"] == 2
 
 
 @pytest.mark.timeout(20)
 async def test_clients_that_stop_reading_are_cut_at_the_streams_total_deadline(upstreams, proxy):
     p, endless, recorder, socks = await stalled_pair(upstreams, proxy, {"total": 1.5}, {"send_timeout": 60})
     took = await freed_within(p, endless, 6)
-    for sock in socks:
-        sock.close()
+    assert [await cut_how(sock) for sock in socks] == ["reset", "reset"]
     assert took < 4
     await assert_the_clients_fault(p, recorder, "total timeout")
+
+
+async def cut_how(sock: socket.socket) -> str:
+    """How firstbyte ended a non-reader's connection: ``reset`` drops what its kernel still held for
+    the client (a close would keep megabytes queued for a reader that may never come)."""
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in range(1000):
+            if not await asyncio.wait_for(loop.sock_recv(sock, 65536), 2):
+                return "closed"
+        return "still sending"
+    except ConnectionResetError:
+        return "reset"
+    finally:
+        sock.close()
 
 
 async def assert_the_clients_fault(p, recorder: Recorder, why: str) -> None:
     """Logged as the client's doing; the target's breaker heard nothing of it."""
     await asyncio.sleep(0.1)
-    p.gateway.notify_observers()
+    p.gateway.outbox.notify()
     streams = [f for f in recorder.finished if f.stream]  # type: ignore[attr-defined]
     assert len(streams) == 2
     for f in streams:
@@ -248,3 +267,29 @@ async def assert_the_clients_fault(p, recorder: Recorder, why: str) -> None:
     status, health = await p.get("/v1/health")
     target = health["targets"][0]
     assert (target["breaker"], target["failures"], target["in_flight"]) == ("closed", 0, 0), target
+
+
+@pytest.mark.timeout(20)
+async def test_a_client_reading_slowly_is_not_cut_by_the_send_timeout(upstreams, proxy):
+    """400 KB/s against an upstream that writes as fast as it may: our transport stays paused for
+    seconds at a time (the kernel wakes it only once much of a large send buffer is free), yet the
+    client reads throughout and keeps its stream past many send timeouts."""
+    endless = Endless()
+    up = await upstreams({"/v1/chat/completions": endless})
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                     "connections": {"send_timeout": 0.3}})
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    body = orjson.dumps({**CHAT, "stream": True})
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    loop = asyncio.get_running_loop()
+    t0, received = loop.time(), 0
+    while loop.time() - t0 < 4:
+        data = await asyncio.wait_for(reader.read(8192), 2)
+        assert data, f"cut after {loop.time() - t0:.1f} s and {received} bytes while reading"
+        received += len(data)
+        await asyncio.sleep(0.02)
+    writer.close()
+    assert p.guards[0].closed["send_timeout"] == 0
+    assert received > 200_000

@@ -128,7 +128,9 @@ async def test_client_keys_guard_v1_but_not_health(service: Running) -> None:
             async with s.get(service.url + path, headers=service.headers()) as resp:
                 assert resp.status == (404 if "no-such" in path else 200), path
         for path in ("/healthz", "/readyz", "/metrics"):
-            async with s.get(service.url + path) as resp:
+            async with s.get(service.url + path) as resp:  # /metrics asks for a key (README "Security")
+                assert resp.status == (401 if path == "/metrics" else 200), path
+            async with s.get(service.url + path, headers=service.headers()) as resp:
                 assert resp.status == 200, path
             async with s.get(service.ops_url + path) as resp:
                 assert resp.status == 200, path
@@ -305,7 +307,7 @@ async def test_access_log_ledger_and_metrics_after_known_traffic(service: Runnin
             status, header = await chat(session, service, stream=stream)
             assert status == 200
             decisions.append(header)
-        async with session.get(service.url + "/metrics") as resp:
+        async with session.get(service.url + "/metrics", headers=service.headers()) as resp:
             text = await resp.text()
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

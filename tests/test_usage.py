@@ -276,7 +276,7 @@ async def test_a_usage_chunk_with_an_empty_choice_is_removed_unless_asked_and_st
 
 
 def test_usage_riding_on_a_chunk_with_content_is_cut_from_it_unless_asked() -> None:
-    from proxy.providers.usage_taps import OpenAIUsageTap
+    from proxy.translate.usage_taps import OpenAIUsageTap
 
     last = {"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}

@@ -30,6 +30,7 @@ __all__ = [
     "Route",
     "ScoreWeights",
     "Simulate",
+    "StateLink",
     "Target",
     "TargetKey",
     "Timeouts",
@@ -222,6 +223,17 @@ class Ledger:
 
 
 @dataclass(frozen=True, slots=True)
+class StateLink:
+    """``state:``: where the fleet's instances share what they learn (docs/adr/0016). No ``redis``:
+    one process keeps everything in memory. The password comes from ``password_env``, never the file."""
+
+    redis: str | None = None  # redis://HOST:PORT/DB or rediss:// (TLS)
+    fleet: str = "firstbyte"  # every key is prefixed with it: two fleets on one Redis never mix
+    password_env: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Clients:
     keys_env: str | None = None
     keys: tuple[str, ...] = field(default=(), repr=False)
@@ -269,6 +281,7 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     shutdown_grace: float = 30.0
     connections: Connections = Connections()
+    state: StateLink = StateLink()
     tracing: Tracing | None = None  # None: no traces (the default)
     source: str = "<memory>"
 

@@ -43,6 +43,7 @@ from .model import (
     Target,
     Timeouts,
 )
+from .state_link import read_state
 from .tracing import tracing_section
 
 __all__ = ["load_config", "parse_config"]
@@ -87,7 +88,7 @@ _TARGET_KEYS = ("provider", "model", "name", "retry", "weight", "quality", "cont
 _ROUTE_KEYS = ("strategy", "targets", "fastest", "allow", "deny", "min_context_window", "min_quality",
                "cooldown", "score", "hedge", "fail_over_on")
 _TOP_KEYS = ("listen", "ops_listen", "clients", "access_log", "ledger", "providers", "routes", "max_body_bytes",
-             "shutdown_grace", "connections", "tracing")
+             "shutdown_grace", "connections", "tracing", "state")
 
 
 def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str], base: Path) -> Provider | None:
@@ -360,8 +361,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
     adata = r.mapping(data.get("access_log"), "access_log", tuple(_ACCESS_LOG))
     ldata = r.mapping(data.get("ledger"), "ledger", tuple(_LEDGER))
     config = Config(
-        listen=listen,
-        ops_listen=ops_listen,
+        listen=listen, ops_listen=ops_listen,
         providers=providers,
         routes=routes,
         clients=clients,
@@ -371,6 +371,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
                                 integer=True),
         shutdown_grace=r.number(data, "shutdown_grace", "(top)", default(Config, "shutdown_grace"), low=0),
         connections=section(r, Connections, data.get("connections"), "connections", _CONNECTIONS),
+        state=read_state(r, data.get("state"), env),
         tracing=tracing_section(r, data.get("tracing")),
         source=source,
     )

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import orjson
@@ -61,13 +63,14 @@ def _secs(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _fields(finished: Finished) -> dict[str, Any]:
+def _fields(finished: Finished, instance: str | None = None) -> dict[str, Any]:
     """The line's fields in order; None means unknown (``-`` in text, null in JSON)."""
     d = finished.decision
     usage = d.usage if d is not None else {}
     return {
         "time": _iso(finished.started + finished.total),
         "start": _iso(finished.started),
+        **({"instance": instance} if instance else {}),  # in a fleet: which instance served
         "id": d.id if d is not None else finished.request_id,
         "client": finished.client,
         "method": finished.method,
@@ -124,7 +127,7 @@ def _num(value: float | None, places: str = ".3f") -> str:
     return "-" if value is None else format(value, places)
 
 
-def format_text(finished: Finished) -> str:
+def format_text(finished: Finished, instance: str | None = None) -> str:
     """One greppable line: the end time first, then ``key=value`` pairs (``start`` first), the decision last.
 
     Built in one f-string: this runs for every request, so it avoids the generic
@@ -153,7 +156,8 @@ def format_text(finished: Finished) -> str:
         # Always quoted (it holds spaces and ';'); ASCII in practice, escaped like any other value if not.
         decision = orjson.dumps(header).decode() if header.isascii() else json.dumps(header, ensure_ascii=True)
     error = "" if finished.error is None else f" error={_text_value(finished.error)}"
-    return (f"{_iso(finished.started + finished.total)} start={_iso(finished.started)} id={rid} "
+    served_by = f"instance={instance} " if instance else ""  # in a fleet: which instance served
+    return (f"{_iso(finished.started + finished.total)} start={_iso(finished.started)} {served_by}id={rid} "
             f"client={t(finished.client)} method={t(finished.method)} "
             f"path={t(finished.path)} status={finished.status} {routed} "
             f"stream={'true' if finished.stream else 'false'} ttfc={_num(finished.ttfc)} "
@@ -166,18 +170,19 @@ def format_text(finished: Finished) -> str:
 _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 
 
-def format_json(finished: Finished) -> str:
+def format_json(finished: Finished, instance: str | None = None) -> str:
     """One JSON object for jq, Vector or Loki; unknown values are null, never absent."""
-    line = orjson.dumps(_fields(finished)).decode()
+    line = orjson.dumps(_fields(finished, instance)).decode()
     return line if line.isascii() else line.translate(_LINE_BREAKS)
 
 
 class AccessLog:
     """Observer writing one line per finished exchange; see the module doc for buffering."""
 
-    def __init__(self, config: AccessLogConfig, stream: TextIO | None = None) -> None:
+    def __init__(self, config: AccessLogConfig, stream: TextIO | None = None, instance: str | None = None) -> None:
         self.config = config
-        self._format = format_json if config.format == "json" else format_text
+        fmt = format_json if config.format == "json" else format_text
+        self._format: Callable[[Finished], str] = fmt if not instance else functools.partial(fmt, instance=instance)
         self._owns_stream = stream is None and config.path != "-"
         self._stream: TextIO | None = stream if stream is not None else self._open()
         self._buffer: list[Finished] = []

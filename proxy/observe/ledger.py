@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS decisions (
     prompt_tokens INTEGER,
     completion_tokens INTEGER,
     cost_usd REAL,
-    race TEXT NOT NULL DEFAULT ''
+    race TEXT NOT NULL DEFAULT '',
+    instance TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS decisions_ts ON decisions (ts);
 CREATE INDEX IF NOT EXISTS decisions_route_ts ON decisions (route, ts);
@@ -61,9 +62,9 @@ CREATE INDEX IF NOT EXISTS decisions_route_ts ON decisions (route, ts);
 
 _COLUMNS = (
     "id, ts, route, strategy, \"order\", first_reason, excluded, attempts, served, status, "
-    "failovers, ttfc, total, stream, operation, prompt_tokens, completion_tokens, cost_usd, race"
+    "failovers, ttfc, total, stream, operation, prompt_tokens, completion_tokens, cost_usd, race, instance"
 )
-_INSERT = f"INSERT INTO decisions ({_COLUMNS}) VALUES ({', '.join('?' * 19)})"
+_INSERT = f"INSERT INTO decisions ({_COLUMNS}) VALUES ({', '.join('?' * 20)})"
 
 BATCH_SIZE = 500
 PRUNE_EVERY_SECS = 60.0
@@ -73,8 +74,9 @@ _STOP = object()
 Row = tuple[Any, ...]
 
 
-def row_of(finished: Finished) -> Row | None:
-    """The row for one exchange, or None when nothing was routed (no decision to keep)."""
+def row_of(finished: Finished, instance: str = "") -> Row | None:
+    """The row for one exchange, or None when nothing was routed (no decision to keep); ``instance``:
+    which instance of a fleet served it ("" alone)."""
     d = finished.decision
     if d is None:
         return None
@@ -98,6 +100,7 @@ def row_of(finished: Finished) -> Row | None:
         d.usage.get("completion_tokens"),
         d.cost_usd,
         ", ".join(f"{r.name}({r.role})" for r in d.race),  # racers and why each ran; "" when none did
+        instance,
     )
 
 
@@ -116,9 +119,11 @@ class Ledger:
         clock: Callable[[], float] = time.time,
         *,
         batch_size: int = BATCH_SIZE,
+        instance: str = "",
         _gate: threading.Event | None = None,
     ) -> None:
         self.path = path
+        self.instance = instance  # in a fleet: this instance's name, on each row
         self.retention_days = retention_days
         self.clock = clock
         self.batch_size = batch_size
@@ -152,7 +157,7 @@ class Ledger:
             raise error
 
     def on_finished(self, finished: Finished) -> None:
-        row = row_of(finished)
+        row = row_of(finished, self.instance)
         if row is None:
             return
         if self._closed:
@@ -193,6 +198,8 @@ class Ledger:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(decisions)")}
         if "race" not in columns:  # a ledger written before races were recorded
             conn.execute("ALTER TABLE decisions ADD COLUMN race TEXT NOT NULL DEFAULT ''")
+        if "instance" not in columns:  # a ledger written before fleets
+            conn.execute("ALTER TABLE decisions ADD COLUMN instance TEXT NOT NULL DEFAULT ''")
         return conn
 
     def _run(self, ready: queue.Queue[BaseException | None]) -> None:

@@ -59,6 +59,8 @@ OUTCOME_WORDS = frozenset(
         "invalid",  # a buffered 2xx that is not a JSON object
         "empty",  # a stream that ended before any content
         "malformed",
+        "interim",  # an interim flood: 1xx answers past the bound, no final one
+        "bad",  # a bad upstream status: 101, 3xx, or one HTTP does not define
         *RACE_WORDS,  # a racer's end: lost, measuring, measured, capped
     }
 )
@@ -124,6 +126,10 @@ _SERIES: tuple[tuple[str, type[Counter | Gauge | Histogram], str, str], ...] = (
     ("route_healthy", Gauge, "firstbyte_route_healthy_targets",
      "Targets of a route whose breaker is closed and that no Retry-After cools down (0: none healthy)."),
     ("connections", Gauge, "firstbyte_connections", "Client connections open now, per listener."),
+    ("fleet_connected", Gauge, "firstbyte_fleet_connected", "1 while in the fleet (state.redis), 0 alone."),
+    ("fleet_events", Counter, "firstbyte_fleet_events_total", "Fleet events sent (out) and folded in (in)."),
+    ("fleet_dropped", Counter, "firstbyte_fleet_dropped_total", "Fleet events dropped (outbox full or send failed)."),
+    ("fleet_lag", Gauge, "firstbyte_fleet_lag_seconds", "From a peer's event batch to its fold here, the last."),
     ("connections_closed", Counter, "firstbyte_connections_closed_total",
      "Client connections firstbyte cut itself, per listener and reason (header_timeout, "
      "body_timeout, over_capacity: answered 503, refused: closed unanswered past the margin)."),
@@ -157,6 +163,10 @@ class Metrics:
     route_healthy: Gauge
     connections: Gauge
     connections_closed: Counter
+    fleet_connected: Gauge
+    fleet_events: Counter
+    fleet_dropped: Counter
+    fleet_lag: Gauge
 
     def __init__(self, known_routes: Iterable[str] = (), known_targets: Iterable[str] = (),
                  hedged: Mapping[str, Iterable[str]] | None = None) -> None:
@@ -357,6 +367,14 @@ class Metrics:
         self.connections.set({"listener": listener}, open_now)
         for reason, count in closed.items():
             self.connections_closed.set({"listener": listener, "reason": reason}, count)
+
+    def set_fleet(self, connected: bool, out: int, in_: int, dropped: int, lag: float) -> None:
+        """The fleet link as it stands (read at scrape time; only with state.redis)."""
+        self.fleet_connected.set({}, int(connected))
+        self.fleet_events.set({"direction": "out"}, out)
+        self.fleet_events.set({"direction": "in"}, in_)
+        self.fleet_dropped.set({}, dropped)
+        self.fleet_lag.set({}, lag)
 
     def set_ledger_dropped(self, count: int) -> None:
         self.ledger_dropped.set({}, count)

@@ -20,6 +20,7 @@ import orjson
 
 from ..config import Provider, Target
 from ..errors import StreamError
+from ..translate.chat_to_anthropic import TranslationError
 from ..translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
 from ..translate.first_token import FirstToken, ResponsesFirstToken
 from ..translate.responses_to_chat import responses_to_chat
@@ -139,7 +140,14 @@ class TranslatedResponses:
         return replace(call, op="chat", body=chat, wants_usage=True)
 
     def build(self, provider: Provider, target: Target, call: Call) -> UpstreamRequest:
-        return self.inner.build(provider, target, self._chat(call, target.model))
+        try:
+            return self.inner.build(provider, target, self._chat(call, target.model))
+        except TranslationError as exc:
+            # The inner kind refused the chat request this one became: name the client's field.
+            if exc.param.startswith("response_format"):
+                param = "text.format" + exc.param[len("response_format"):].replace("json_schema.", "")
+                raise TranslationError(param, exc.message.replace("response_format", "text.format")) from exc
+            raise
 
     def is_context_overflow(self, status: int, body: bytes) -> bool:
         return self.inner.is_context_overflow(status, body)

@@ -1,4 +1,10 @@
-"""When a hedge starts: the delay after which the next target races the leader. Pure.
+"""How a hedged route's walk races, decided with the plan: who races from the start, who is
+measured, what pays for it, and when each leader would be hedged. Pure.
+
+:func:`opening` is the race's plan: the walk (``walk/race.py``) carries it out and records what
+happened in the state (the budget's token spent or refused, a free measure claimed); explain
+shows the very same record. Whether a timed hedge is paid for is the one thing left to the
+walk: the budget then, not now, answers it.
 
 ``hedge.after`` is a fixed number of seconds, or ``pNN``: the NNth percentile of the leading
 target's own time-to-first-token samples in the request's mode. A leader with fewer than
@@ -13,9 +19,12 @@ counted from its own start: ``hedge.cap`` times the winner's time to first token
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from ..config import Hedge
+from ..config import Hedge, Target, TargetKey
+from ..state.budget import RESERVE, HedgeBudget
 
 MIN_SAMPLES = 5
 WINDOW = 100  # the newest samples a percentile is taken over
@@ -43,3 +52,79 @@ def measure_cap(hedge: Hedge, winner_ttfc: float | None) -> float:
     if winner_ttfc is None:
         return CAP_CEILING
     return min(CAP_CEILING, max(CAP_FLOOR, hedge.cap * winner_ttfc))
+
+
+FREE = "free"  # an unmeasured target's one free measure
+PAID = "paid"  # a token of the route's hedge budget
+
+
+class RaceView(Protocol):
+    """What the race's plan reads of the state."""
+
+    def in_flight(self, key: TargetKey, mode: str | None = ...) -> int: ...
+
+    def age(self, key: TargetKey, now: float, mode: str = ...) -> float | None: ...
+
+    def recent(self, key: TargetKey, mode: str = ...) -> list[float]: ...
+
+    def hedge_budget(self, route: str) -> HedgeBudget | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """How a hedged route's walk begins, and each leader's hedge delay: the plan's word, which the
+    race carries out as it is."""
+
+    order: tuple[Target, ...]  # the walk's order: a learner the budget refused waits behind the leader
+    learner: Target | None = None  # raced from the start in a task of its own, to be measured
+    role: str = ""  # the learner's word in the header: explore or measure
+    pays: str = ""  # FREE or PAID (a token, leaving ``keep`` in the bucket for a hedge)
+    keep: float = 0.0
+    refused: str | None = None  # the target the budget refused a race ("budget exhausted")
+    hedge_after: Mapping[str, float | None] = field(default_factory=dict)  # a leader's hedge delay
+
+    @property
+    def leader(self) -> Target | None:
+        """Who runs inline first."""
+        rest = self.order[1:] if self.learner is not None else self.order
+        return rest[0] if rest else None
+
+
+def opening(hedge: Hedge, route: str, targets: Sequence[Target], first_reason: str, together: int,
+            view: RaceView, now: float, mode: str) -> Opening:
+    """Who races from the start and who pays: an explored or unmeasured first target races the
+    next one when the budget pays (an unmeasured one nobody measures yet races free, once), else
+    it waits its turn behind the leader; one being measured already leads, unraced (a cold burst
+    spreads). The budget is read as this request's deposit leaves it."""
+    order = tuple(targets)
+    delays = _delays(hedge, order, view, mode)
+    if together < 2 or len(order) < 2:
+        return Opening(order, hedge_after=delays)
+    budget = view.hedge_budget(route) or HedgeBudget(hedge.max_extra)
+    first = order[0]
+    role = "explore" if first_reason == "explore" else "measure"
+    if first_reason == "unmeasured" and view.in_flight(first.key, mode):
+        # A cold burst's measure (its target in flight already) may spend a hedge's token: cold
+        # starts are when racing pays most.
+        if budget.affords(hedge.max_extra):
+            return Opening(order, first, role, PAID, 0.0, hedge_after=delays)
+        return Opening(order, refused=order[1].name, hedge_after=delays)
+    if first_reason == "unmeasured":
+        age = view.age(first.key, now, mode)
+        if budget.owes_free_measure((first.key, mode), None if age is None else now - age):
+            return Opening(order, first, role, FREE, hedge_after=delays)
+    # An explore, or a measure whose free call was spent (a target that keeps failing), leaves a
+    # token for a hedge; unpaid, learning waits behind the leader instead of making the client wait.
+    if budget.affords(hedge.max_extra, RESERVE):
+        return Opening(order, first, role, PAID, RESERVE, hedge_after=delays)
+    return Opening((order[1], first, *order[2:]), refused=first.name, hedge_after=delays)
+
+
+def _delays(hedge: Hedge, order: Sequence[Target], view: RaceView, mode: str) -> dict[str, float | None]:
+    """Each target's hedge delay should it lead inline (a fixed ``after`` reads no samples)."""
+    if hedge.after_secs is not None:
+        return dict.fromkeys((t.name for t in order), hedge.after_secs)
+    return {t.name: hedge_delay(hedge, view.recent(t.key, mode)) for t in order}
+
+
+__all__ = ["FREE", "PAID", "Opening", "RaceView", "hedge_delay", "measure_cap", "opening"]

@@ -16,10 +16,11 @@ from ..errors import ClientError
 from ..state.tracker import STREAMED
 from .decision import Decision, Excluded, Ranked
 from .eligibility import HealthView, eligible, hard_reason
+from .hedge import Opening, RaceView, opening
 from .ordering import OrderView, order_targets
 
 
-class Snapshot(HealthView, OrderView, Protocol):
+class Snapshot(HealthView, OrderView, RaceView, Protocol):
     """What the planner reads of the state."""
 
 
@@ -43,6 +44,7 @@ class Plan:
     rescued: str | None = None  # kept by health's last resort: the walker tries it although unhealthy
     unservable: str | None = None  # no target left and none ever could be: the 400's code
     together: int = 1  # targets the walk starts at once: 2 when an explored or unmeasured one races
+    opening: Opening | None = None  # a hedged route's race, as the walk is to run it (not behind a pin)
 
 
 class Refused(ClientError):
@@ -115,7 +117,10 @@ def plan(
     if (hedge is not None and hedge.explore and pinned is None and len(out) > 1 and ranked
             and ranked[0].reason in ("explore", "unmeasured")):
         together = 2  # learning races the next target instead of making the client wait for it
-    return Plan(decision, route, tuple(out), result.rescued, result.unservable, together)
+    race = None
+    if hedge is not None and pinned is None and out:
+        race = opening(hedge, route.name, out, decision.first_reason, together, state, now, ask.mode)
+    return Plan(decision, route, tuple(out), result.rescued, result.unservable, together, race)
 
 
 def _pin(route: Route, direct: bool, ask: Ask) -> Target | None:

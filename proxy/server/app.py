@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from ..config import Config, Route
+from ..egress import forward_headers
 from ..errors import ClientError, error_body
 from ..gateway import Gateway
 from ..observe import Finished
 from ..observe.hub import Hub
-from ..relay import forward_headers, relay_stream
+from ..relay import relay_stream
 from ..routing.cost import priced
 from ..routing.decision import HEADER, Attempt, Decision, Racer, header_with
 from ..routing.plan import Ask, Refused, plan
@@ -35,9 +35,10 @@ from ..walk.race import walk_route
 from ..walk.result import Answered, Committed, Exhausted, Rejected, Settling
 from .counting import count_tokens
 from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshaped
-from .ops import add_ops_routes, explain, health, model, models
-from .replies import GATEWAY, JSON, error_response, request_id
-from .request import check_model, estimate_tokens, parse_call, read_body
+from .keys import key_accepted, key_refused
+from .ops import explain, health, healthz, metrics, model, models, ready
+from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, request_id
+from .request import check_model, estimate_tokens, parse_call, pin_of, read_body
 from .status import add_status_routes
 
 CLIENT_CLOSED = 499  # logged, never sent: the client closed the request before its answer started
@@ -105,9 +106,9 @@ async def routed(gw: Gateway, request: web.Request, op: str) -> web.StreamRespon
             op, ex.stream, None if ex.first_sent is None else ex.first_sent - ex.t0, end - ex.t0,
             ex.sent, ex.error, ex.rid, ex.asked, ex.trace)
         if ex.settling is None:
-            gw.finished(finished)
+            gw.outbox.finished(finished)
         else:
-            gw.finished_when_settled(finished, ex.settling)
+            gw.outbox.finished_when_settled(finished, ex.settling)
 
 
 def _in_anthropic_shape(response: web.StreamResponse, ex: Exchange) -> web.StreamResponse:
@@ -129,7 +130,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     if config.tracing is not None:  # ids and a traceparent per attempt; the spans are built afterwards
         call.trace = ex.trace = begin(request.headers, config.tracing.sample, ex.t0)
     tokens = estimate_tokens(call) if model in gw.sized_routes else None
-    ask = Ask(ex.rid, model, request.headers.get("x-route-provider"), tokens, ex.op,
+    ask = Ask(ex.rid, model, pin_of(request), tokens, ex.op,
               STREAMED if call.stream else BUFFERED)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
     decision = ex.decision = planned.decision  # what is logged if the client leaves during the walk
@@ -149,9 +150,9 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ex.settling = walked.settling
     header = header_with(decision, attempts, served, race)
     ex.status = walked.status
-    headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id})
+    headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id}, gw.scrubber)
     try:
-        return await relay_stream(request, lease, walked.status, headers, gw.clock, ex)
+        return await relay_stream(request, lease, walked.status, headers, gw.clock, ex, gw.scrubber)
     finally:  # even when the client left early
         ex.decision = priced(decision, lease.target.price, lease.translator.usage, attempts=attempts,
                              served=served, status=walked.status, race=race, _header=header)
@@ -174,7 +175,8 @@ def _reply(gw: Gateway, ex: Exchange, decision: Decision, route: Route, op: str,
     ex.sent, ex.first_sent = len(walked.body), gw.clock()
     if isinstance(walked, Exhausted):
         return error_response(walked.status, walked.body, decision)
-    headers = forward_headers(walked.headers, {HEADER: decision.header(), "x-request-id": decision.id})
+    headers = forward_headers(walked.headers, {HEADER: decision.header(), "x-request-id": decision.id},
+                              gw.scrubber)
     return web.Response(body=walked.body, status=walked.status, headers=headers)
 
 
@@ -217,9 +219,9 @@ def guarded(gw: Gateway, inner: Handler, *, dialect: Dialect | None = OPENAI, lo
     async def handle(request: web.Request) -> web.StreamResponse:
         speaks = dialect_of(request) if dialect is None else dialect
         keys = gw.config.clients.keys
-        if keys and not _key_accepted(request, keys):
+        if keys and not key_accepted(request, keys):
             t0 = gw.clock()
-            refused = _key_refused(speaks, request_id(request))
+            refused = key_refused(speaks, request_id(request))
             log_answer(gw, request, refused, t0)
             return refused
         t0 = gw.clock() if logs else 0.0
@@ -254,7 +256,7 @@ def log_answer(gw: Gateway, request: web.Request, response: web.StreamResponse, 
         error = _error_code(body)
     rid = response.headers.get("x-request-id")
     now = gw.clock()
-    gw.finished(Finished(None, time.time() - (now - t0), request.remote or "-", request.method, request.path,
+    gw.outbox.finished(Finished(None, time.time() - (now - t0), request.remote or "-", request.method, request.path,
                          response.status, "", False, now - t0, now - t0, size, error, rid))
 
 
@@ -275,34 +277,6 @@ def handler(gw: Gateway, op: str) -> Handler:
     """A routed endpoint for one operation: ``routed`` itself with the operation bound, not a
     coroutine around it, whose frame every resume of the request's task would pass through."""
     return functools.partial(routed, gw, op=op)
-
-
-def _presented_key(request: web.Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
-
-
-def _key_accepted(request: web.Request, keys: Iterable[str]) -> bool:
-    # aiohttp decodes header bytes that are not UTF-8 with surrogates: encode them back, not fail.
-    presented = (_presented_key(request) or "").encode("utf-8", "surrogateescape")
-    ok = False
-    for key in keys:  # compare against every key: the time says nothing about which matched
-        ok |= hmac.compare_digest(presented, key.encode())
-    return ok
-
-
-def _key_refused(dialect: Dialect, rid: str) -> web.Response:
-    body = error_bytes(
-        dialect,
-        401,
-        "Missing or unknown client key: send 'Authorization: Bearer <key>' "
-        "with a key this gateway was given.",
-        "authentication_error",
-        code="invalid_api_key",
-    )
-    return error_response(401, body, request_id=rid)
 
 
 SERVED = "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, /v1/models"
@@ -358,11 +332,28 @@ def no_endpoint(gw: Gateway, known: dict[str, set[str]]) -> Handler:
     return handle
 
 
+def add_probes(app: web.Application, gw: Gateway, hub: Hub | None) -> None:
+    """The main listener's probes. With client keys set (README "Security"): ``/healthz`` stays open,
+    ``/readyz`` too but says only its status to a caller without a key (a load balancer sends none),
+    and ``/metrics`` (route and target names, costs) needs a key like ``/v1``; the ops listener
+    serves all three without keys."""
+
+    async def readyz(request: web.Request) -> web.StreamResponse:
+        keys = gw.config.clients.keys
+        return ready(gw, full=not keys or key_accepted(request, keys))
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    if hub is not None:
+        app[HUB] = hub
+        app.router.add_get("/metrics", guarded(gw, metrics))
+
+
 def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> web.Application:
     """The main app. ``manage=False`` when the caller starts and closes the gateway itself."""
     app = web.Application(client_max_size=1 << 40)
     app[GATEWAY] = gw
-    add_ops_routes(app, hub)
+    add_probes(app, gw, hub)
     if hub is not None:
         add_status_routes(app, main=True)  # the status page, refused while client keys are set
     endpoints: list[tuple[str, str, Handler]] = [
@@ -384,7 +375,7 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     for route in app.router.routes():
         path = route.resource.canonical if route.resource is not None else ""
         known.setdefault(path, set()).add(route.method)
-    app.router.add_route("*", "/{tail:.*}", no_endpoint(gw, known))
+    answer_every_path(app, no_endpoint(gw, known))
 
     async def lifecycle(app: web.Application) -> Any:
         await gw.start()

@@ -32,7 +32,7 @@ from ..upstream.transport import BodyTooLarge, HttpUpstream
 from ..walk.classify import classify_status
 from .dialect import ANTHROPIC, in_dialect
 from .replies import JSON, request_id
-from .request import CHARS_PER_TOKEN, parse_call, read_body
+from .request import CHARS_PER_TOKEN, parse_call, pin_of, read_body
 
 __all__ = ["count_tokens", "estimate_input_tokens"]
 
@@ -66,7 +66,7 @@ def count_tokens(gw: Gateway) -> Any:
         try:
             raw = await read_body(request, config.max_body_bytes)
             call, model = parse_call("messages", raw)
-            planned = plan(config, Ask(rid, model, request.headers.get("x-route-provider"), op="messages"),
+            planned = plan(config, Ask(rid, model, pin_of(request), op="messages"),
                            gw.state, gw.clock(), gw.rng(model), explore=False)
         except ClientError as exc:
             return _reply(exc.status, in_dialect(ANTHROPIC, exc.status, exc.body()), rid)
@@ -100,10 +100,10 @@ async def _ask_anthropic(gw: Gateway, provider: Provider, target: Target, body: 
     try:
         async with asyncio.timeout(provider.timeouts.first_chunk):
             reply = HttpUpstream(await pool.request("POST", provider.base_url + "/messages/count_tokens",
-                                                    headers, upstream_body, provider.timeouts.connect),
-                                 pool, gw.scrubber)
+                                                    headers, upstream_body, provider.timeouts.connect), pool)
             try:
-                answer = await reply.read(MAX_ANSWER)  # the whole of it, an error body scrubbed
+                # The whole of it, scrubbed (proxy/scrub.py): an error may come with any status, 200 too.
+                answer = gw.scrubber.error_body(await reply.read(MAX_ANSWER))
             finally:
                 reply.close()
         status = reply.status

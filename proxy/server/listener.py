@@ -13,10 +13,10 @@ real requests get empty replies; and it answers its own parser's errors
   ``body_timeout`` after that (a 408 in the OpenAI shape; a stalled head is
   answered 408 and closed);
 - a connection may idle ``keepalive_timeout`` between requests (aiohttp's own timer);
-- a response the client takes nothing of for ``send_timeout`` (our socket buffer full and the
-  transport's past its high-water mark: the client stopped reading) is cut: the handler is
-  cancelled, its upstream call and concurrency slot freed, and the exchange logged as the
-  client's doing (:func:`client_fault`), never the target's;
+- a response the client takes nothing of for ``send_timeout`` (the transport past its
+  high-water mark, and the kernel's queue for the client no shorter: it stopped reading) is
+  cut with a reset: the handler is cancelled, its upstream call and concurrency slot freed, and
+  the exchange logged as the client's doing (``relay.client_fault``), never the target's;
 - at ``max`` open connections the one idle longest between requests (a keep-alive connection
   with no request under way) is closed to make room: a client pool reconnects, and idle
   connections cannot lock new clients out;
@@ -50,10 +50,11 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from ..config import Connections
+from ..sockets import reset, unsent
 from .dialect import OPENAI, error_bytes
 from .request import BodyTimeout
 
-__all__ = ["Guard", "GuardedRunner", "client_fault", "fd_budget", "raise_fd_limit"]
+__all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
 
 log = logging.getLogger("firstbyte")
 
@@ -159,6 +160,8 @@ class Guard:
         for conn in list(self.conns):
             paused = conn.paused_since
             if paused is not None and now - paused > limits.send_timeout:
+                if conn.reading(now):
+                    continue
                 due += 1
                 self.closed["send_timeout"] += 1
                 conn.stalled(limits.send_timeout)
@@ -201,17 +204,11 @@ async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
     return response
 
 
-def client_fault(request: web.BaseRequest) -> str | None:
-    """Why the guard cut this request's connection, when it was the client's doing (it stopped
-    reading); None when the client simply left or the connection is not guarded."""
-    return getattr(request.protocol, "fault", None)
-
-
 class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the guard's deadlines, cap and error shape."""
 
     __slots__ = ("_guard", "body", "body_since", "closing", "fault", "head_since", "over", "paused_since",
-                 "refused")
+                 "queued", "refused")
 
     def __init__(self, manager: web.Server, guard: Guard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -222,7 +219,8 @@ class GuardedHandler(RequestHandler):
         self.over = False
         self.closing = False
         self.refused = False  # closed in connection_made: aiohttp never saw it
-        self.paused_since: float | None = None  # the client has taken none of our bytes since then
+        self.paused_since: float | None = None  # our writes wait for the client since then
+        self.queued: int | None = None  # what the kernel held for the client then (None: unknown)
         self.fault: str | None = None  # why the guard cut it for the client's own doing
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -282,6 +280,18 @@ class GuardedHandler(RequestHandler):
     def pause_writing(self) -> None:
         super().pause_writing()
         self.paused_since = self._loop.time()
+        self.queued = unsent(self.transport)
+
+    def reading(self, now: float) -> bool:
+        """Paused a whole ``send_timeout``, but is the client reading, slowly? The kernel wakes our
+        writes only once a good part of a large send buffer (megabytes on loopback) is free, so a
+        client taking 400 KB/s can keep the transport paused for seconds: the kernel's queue for it
+        shrinking is progress, and the window starts again."""
+        queued = unsent(self.transport)
+        if queued is None or self.queued is None or queued >= self.queued:
+            return False
+        self.paused_since, self.queued = now, queued
+        return True
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -292,9 +302,8 @@ class GuardedHandler(RequestHandler):
         it), which cancels the handler and frees whatever it holds upstream."""
         self.paused_since = None
         self.fault = f"client stopped reading (no byte taken for {limit:g} s, connections.send_timeout)"
-        transport = self.transport
-        if transport is not None:
-            transport.abort()
+        if self.transport is not None:
+            reset(self.transport)
 
     def head_timed_out(self, limit: float) -> None:
         """No whole request head in time: say so (408), then close.

@@ -14,19 +14,19 @@ from aiohttp import web
 from ..errors import error_body
 from ..gateway import Gateway
 from ..observe.hub import Hub
-from ..routing.hedge import hedge_delay
+from ..routing.hedge import Opening
 from ..routing.ordering import load_fit, load_penalty
 from ..routing.plan import Ask, plan
 from ..routing.score import SIGNALS, score_targets
 from ..state.budget import START
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
-from .replies import GATEWAY, HUB, error_response, json_response, request_id
+from .replies import GATEWAY, HUB, answer_every_path, error_response, json_response, request_id
 
 
 async def models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    created = int(gw.loaded_at)
+    created = int(gw.loaded.at)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "firstbyte"}
         for name in gw.config.routes
@@ -43,7 +43,7 @@ async def model(request: web.Request) -> web.Response:
     provider, sep, _ = name.partition("/")
     if name in config.routes or (sep and provider in config.providers):
         owner = provider if sep else "firstbyte"
-        return json_response({"id": name, "object": "model", "created": int(gw.loaded_at), "owned_by": owner},
+        return json_response({"id": name, "object": "model", "created": int(gw.loaded.at), "owned_by": owner},
                              headers={"x-request-id": request_id(request)})
     known = ", ".join(config.routes) or "none"
     body = error_body(f"No route '{name}' (routes: {known}; or name provider/upstream-model).",
@@ -56,11 +56,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    return ready(request.app[GATEWAY])
+
+
+def ready(gw: Gateway, full: bool = True) -> web.Response:
+    """200 while the config is loaded and the gateway is not draining (503 then); ``full`` adds the
+    config's path and the number of routes, which a keyed main listener tells only key holders."""
     if gw.draining:
         return json_response({"status": "draining"}, status=503)
-    return json_response({"status": "ready", "config": gw.config.source,
-                          "routes": len(gw.config.routes)})
+    if not full:
+        return json_response({"status": "ready"})
+    return json_response({"status": "ready", "config": gw.config.source, "routes": len(gw.config.routes)})
 
 
 def _figures(figures: TargetFigures) -> dict[str, Any]:
@@ -73,7 +79,8 @@ def _figures(figures: TargetFigures) -> dict[str, Any]:
 async def health(request: web.Request) -> web.Response:
     """Every target of every route: figures per mode, breaker, failures, in flight, read from the
     state's snapshot like the metrics scrape."""
-    return json_response({"targets": health_rows(request.app[GATEWAY])})
+    gw = request.app[GATEWAY]
+    return json_response({"fleet": _fleet(gw), "targets": health_rows(gw)})
 
 
 def health_rows(gw: Gateway) -> list[dict[str, Any]]:
@@ -99,8 +106,25 @@ def health_rows(gw: Gateway) -> list[dict[str, Any]]:
             # seconds the load fit moves the streamed figure by now (0 when it is off): the planner's
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
+            **_fleet_in_flight(gw, target.key),
         })
     return out
+
+
+def _fleet(gw: Gateway) -> dict[str, Any]:
+    """In the fleet or alone, and since when (``off`` without ``state.redis``)."""
+    return {"state": "off"} if gw.fleet is None else gw.fleet.status()
+
+
+def _fleet_in_flight(gw: Gateway, key: Any) -> dict[str, int]:
+    """The other instances' calls in flight at the target, as they last said (in a fleet only)."""
+    return {} if gw.fleet is None else {"fleet_in_flight": gw.fleet.fleet_in_flight(key)}
+
+
+def _unknown_route(name: str, routes: Any) -> web.Response:
+    known = ", ".join(routes) or "none"
+    body = error_body(f"No route '{name}' (routes: {known}).", "invalid_request_error", code="model_not_found")
+    return error_response(404, body)
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -109,10 +133,7 @@ async def explain(request: web.Request) -> web.Response:
     name = request.match_info["route"]
     config = gw.config
     if name not in config.routes:
-        known = ", ".join(config.routes) or "none"
-        body = error_body(f"No route '{name}' (routes: {known}).", "invalid_request_error",
-                          code="model_not_found")
-        return error_response(404, body)
+        return _unknown_route(name, config.routes)
     route = config.routes[name]
     rng = random.Random()
     rng.setstate(gw.rng(name).getstate())  # a weighted draw shows what the next request draws
@@ -144,33 +165,35 @@ async def explain(request: web.Request) -> web.Response:
             **signals.get(target.name, {}),
         })
     return json_response({
-        "route": name,
-        "strategy": route.strategy,
-        "mode": mode,
+        "route": name, "strategy": route.strategy, "mode": mode,
+        "fleet": _fleet(gw),
         **({"cost_basis": basis} if basis else {}),
-        **({"hedge": _hedge(gw, route, planned.targets, planned.together, mode)} if route.hedge is not None else {}),
+        **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
         "order": order,
         "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
         "decision": d.header(),
     })
 
 
-def _hedge(gw: Gateway, route: Any, targets: Any, together: int, mode: str) -> dict[str, Any]:
-    """The route's race settings and where they stand: who would lead the next request, and when it
-    would be hedged (None: a pNN with too few of its samples, or a learner races it from the start,
-    ``learner``, and then no timer is armed), and the budget's tokens, as the next request finds them."""
+def _hedge(gw: Gateway, route: Any, opening: Opening | None) -> dict[str, Any]:
+    """The route's race settings and the plan's race for the next request, as the walk would run it:
+    who leads, who races from the start to be measured (``learner``, paid by ``pays``: free or the
+    budget) or whom the budget refuses, and when the leader would be hedged (None: a pNN with too
+    few of its samples, or a learner races it from the start and no timer is armed then)."""
     hedge = route.hedge
-    learner = targets[0].name if together > 1 else None
-    leader = targets[1] if together > 1 else targets[0] if targets else None
+    learner = None if opening is None or opening.learner is None else opening.learner.name
+    leader = None if opening is None else opening.leader
     delay = None
-    if leader is not None and learner is None:
-        delay = hedge_delay(hedge, gw.state.tracker.recent(leader.key, mode))
-    budget = gw.state.budgets.get(route.name)
+    if opening is not None and leader is not None and learner is None:
+        delay = opening.hedge_after.get(leader.name)
+    budget = gw.state.hedge_budget(route.name)
     return {
         "after": f"p{hedge.after_percentile}" if hedge.after_secs is None else hedge.after_secs,
         "delay_s": None if delay is None else round(delay, 4),
         "leader": None if leader is None else leader.name,
         "learner": learner,
+        "pays": (opening.pays or None) if opening is not None else None,
+        "refused": None if opening is None else opening.refused,
         "max_extra": hedge.max_extra,
         "budget_tokens": round(budget.tokens if budget is not None else START, 3),
         "budget_refused": budget.refused if budget is not None else 0,
@@ -196,7 +219,9 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[HUB].scrape(request.app[GATEWAY])
+    gw = request.app[GATEWAY]
+    snapshot = gw.state.snapshot(gw.config, gw.clock())
+    body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, gw.loaded, gw.fleet)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
@@ -220,7 +245,7 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
         add_status_routes(app, main=False)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/routes/{route}/explain", explain)
-    app.router.add_route("*", "/{tail:.*}", not_an_ops_endpoint)
+    answer_every_path(app, not_an_ops_endpoint)
     return app
 
 

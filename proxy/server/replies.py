@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.web_urldispatcher import MatchInfoError, ResourceRoute, UrlMappingMatchInfo
 
 from ..gateway import Gateway
 from ..observe.hub import Hub
@@ -51,3 +53,25 @@ def error_response(
     if request_id is not None:
         headers["x-request-id"] = request_id
     return web.Response(body=body, status=status, content_type=JSON, headers=headers)
+
+
+class _EveryPathRouter(web.UrlDispatcher):
+    """aiohttp's router, except that "no resource matches" is the app's catch-all, not aiohttp's
+    plain-text 404: a path its resource index cannot reach (``OPTIONS *``, ``CONNECT host:port``, an
+    absolute URL without a path) gets the same JSON answer and access-log line as any other."""
+
+    catch_all: ResourceRoute
+
+    async def resolve(self, request: web.Request) -> UrlMappingMatchInfo:
+        match = await super().resolve(request)
+        if type(match) is MatchInfoError:
+            return UrlMappingMatchInfo({"tail": request.path}, self.catch_all)
+        return match
+
+
+def answer_every_path(app: web.Application, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+    """Route every request no endpoint takes to ``handler``, whatever its path or method. Added
+    last: it is the fallback. (``[\\s\\S]``, not ``.``, so a ``%0a`` in the path is matched too.)"""
+    route = app.router.add_route("*", r"/{tail:[\s\S]*}", handler)
+    app.router.__class__ = _EveryPathRouter  # the same router; only its "no match" differs
+    app.router.catch_all = route  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
 from ..errors import ClientError
 from ..memory import trim
 from ..providers.base import Call
+from .shapes import WrongShape, check_body
 
 CHARS_PER_TOKEN = 4  # a deliberately rough estimate: only used against declared context windows
 
@@ -114,6 +115,11 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
         raise ClientError(400, "'stream' must be true or false.", param="stream")
     if stream and op == "embeddings":
         raise ClientError(400, "Embeddings cannot be streamed.", param="stream")
+    try:
+        check_body(op, body)
+    except WrongShape as exc:
+        raise ClientError(400, exc.message(), code="missing_required_parameter" if exc.missing else "invalid_type",
+                          param=exc.param) from None
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return Call(op, body, stream, wants_usage, beta), model
@@ -135,6 +141,18 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 
 _UNSAFE_MODEL = re.compile(r"[^\x20-\x7e]|[;,()=]")
+_PIN = re.compile(rf"[A-Za-z0-9._:/@+\-]{{1,{MAX_MODEL_CHARS}}}")  # a target name's grammar (config/reader.py)
+
+
+def pin_of(request: web.Request) -> str | None:
+    """``x-route-provider``, refused unless it could name a target: aiohttp hands a byte that is
+    not UTF-8 over as a surrogate, which no target name, error body or log line can carry."""
+    pin = request.headers.get("x-route-provider")
+    if pin is not None and _PIN.fullmatch(pin) is None:
+        raise ClientError(400, "Invalid 'x-route-provider': it must name a target of the route (letters, digits and "
+                          f". _ : / @ + -, at most {MAX_MODEL_CHARS} characters).", code="invalid_pin",
+                          param="x-route-provider")
+    return pin
 
 
 def check_model(model: str) -> None:

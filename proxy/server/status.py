@@ -63,8 +63,8 @@ def status_data(gw: Gateway, history: Any) -> dict[str, Any]:
     return {
         "now": time.time(),
         "config": gw.config.source,
-        "loaded_at": gw.loaded_at,
-        "reload_ok": gw.reload_ok,
+        "loaded_at": gw.loaded.at,
+        "reload_ok": gw.loaded.ok,
         "draining": gw.draining,
         "fleet": fleet_link(gw),
         "routes": _routes(gw, gw.clock()),

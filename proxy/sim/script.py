@@ -28,6 +28,11 @@ Json = dict[str, Any]
 _KEYS = frozenset({"tools", "tool_choice", "response_format", "n", "stop", "max_tokens",
                    "max_completion_tokens"})
 MAX_N = 8
+# A schema's own numbers are the client's: an answer built from them stays small whatever they say.
+MAX_ITEMS = 16
+MAX_TEXT = 1024
+MAX_VALUES = 2000
+MAX_EXACT = 2**53
 
 
 @dataclass(slots=True)
@@ -212,70 +217,99 @@ _FORMATS = {"date": "2026-01-01", "date-time": "2026-01-01T00:00:00Z", "time": "
 
 def example_of(schema: Any, root: Json, depth: int = 0) -> Any:
     """A value that satisfies ``schema`` (the JSON Schema subset tools and structured outputs use:
-    types, properties, items, enum, const, $ref into $defs, anyOf/oneOf/allOf, bounds)."""
-    if not isinstance(schema, dict) or depth > 12:
+    types, properties, items, enum, const, $ref into $defs, anyOf/oneOf/allOf, bounds).
+
+    The schema is the client's, checked only to be an object (``server/shapes.py``): a keyword of
+    another type counts as absent, and the answer stays within ``MAX_VALUES`` values however the
+    schema nests, repeats or refers to itself."""
+    return _example(schema, root, depth, [MAX_VALUES])
+
+
+def _example(schema: Any, root: Json, depth: int, left: list[int]) -> Any:
+    left[0] -= 1
+    if not isinstance(schema, dict) or depth > 12 or left[0] < 0:
         return None
     if "$ref" in schema:
-        return example_of(_resolve(schema["$ref"], root), root, depth + 1)
+        return _example(_resolve(schema["$ref"], root), root, depth + 1, left)
     for key in ("const", "default"):
         if key in schema:
             return schema[key]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    if isinstance(schema.get("examples"), list) and schema["examples"]:
-        return schema["examples"][0]
+    for key in ("enum", "examples"):
+        if _list(schema.get(key)):
+            return schema[key][0]
     for key in ("anyOf", "oneOf"):
-        options = [o for o in schema.get(key) or [] if isinstance(o, dict) and o.get("type") != "null"]
+        options = [o for o in _list(schema.get(key)) if isinstance(o, dict) and o.get("type") != "null"]
         if options:
-            return example_of(options[0], root, depth + 1)
-    if schema.get("allOf"):
+            return _example(options[0], root, depth + 1, left)
+    if _list(schema.get("allOf")):
         merged: Json = {}
         for part in schema["allOf"]:
             part = _resolve(part["$ref"], root) if isinstance(part, dict) and "$ref" in part else part
             if isinstance(part, dict):
-                merged = {**merged, **part, "properties": {**merged.get("properties", {}),
-                                                           **part.get("properties", {})}}
-        return example_of(merged, root, depth + 1)
+                merged = {**merged, **part, "properties": {**_dict(merged.get("properties")),
+                                                           **_dict(part.get("properties"))}}
+        return _example(merged, root, depth + 1, left)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind is None:
         kind = "object" if "properties" in schema else "string"
     if kind == "object":
-        props = schema.get("properties") or {}
-        return {name: example_of(sub, root, depth + 1) for name, sub in props.items()}
+        props = _dict(schema.get("properties"))
+        return {name: _example(sub, root, depth + 1, left) for name, sub in props.items()}
     if kind == "array":
-        count = max(1, schema.get("minItems") or 0)
-        return [example_of(schema.get("items") or {}, root, depth + 1) for _ in range(count)]
+        count = min(max(1, _int(schema.get("minItems"))), MAX_ITEMS)
+        return [_example(schema.get("items") or {}, root, depth + 1, left) for _ in range(count)]
     if kind in ("integer", "number"):
         return _number(schema, kind == "integer")
     if kind == "boolean":
         return True
     if kind == "null":
         return None
-    text = _FORMATS.get(schema.get("format") or "", "sim")
-    low, high = schema.get("minLength") or 0, schema.get("maxLength")
+    fmt = schema.get("format")
+    text = _FORMATS.get(fmt, "sim") if isinstance(fmt, str) else "sim"
+    low, high = min(_int(schema.get("minLength")), MAX_TEXT), schema.get("maxLength")
     if len(text) < low:
         text += "x" * (low - len(text))
-    if isinstance(high, int):
+    if type(high) is int:
         text = text[:high]
     return text
 
 
 def _number(schema: Json, integer: bool) -> int | float:
     value: float = 1
-    low = schema.get("minimum")
-    if low is None and schema.get("exclusiveMinimum") is not None:
-        low = schema["exclusiveMinimum"] + (1 if integer else 0.5)
-    high = schema.get("maximum")
-    if high is None and schema.get("exclusiveMaximum") is not None:
-        high = schema["exclusiveMaximum"] - (1 if integer else 0.5)
+    low = _number_or_none(schema.get("minimum"))
+    bound = _number_or_none(schema.get("exclusiveMinimum"))
+    if low is None and bound is not None:
+        low = bound + (1 if integer else 0.5)
+    high = _number_or_none(schema.get("maximum"))
+    bound = _number_or_none(schema.get("exclusiveMaximum"))
+    if high is None and bound is not None:
+        high = bound - (1 if integer else 0.5)
     if isinstance(low, int | float) and value < low:
         value = low
     if isinstance(high, int | float) and value > high:
         value = high
+    # Within what JSON numbers carry exactly (a bound of 1e30 would make an integer no encoder writes).
+    value = min(max(value, -MAX_EXACT), MAX_EXACT)
     # A whole number satisfies "number" too, and clients typed as integers parse it.
     return int(value) if integer or float(value).is_integer() else float(value)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> Json:
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any) -> int:
+    return value if type(value) is int else 0
+
+
+def _number_or_none(value: Any) -> float | None:
+    return value if type(value) in (int, float) else None
 
 
 def _resolve(ref: Any, root: Json) -> Any:

@@ -122,8 +122,11 @@ _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int:
-    if "messages" in body:
-        text = "".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    """A rough prompt size. ``messages`` is a list here on chat (the edge checked it), but a body of
+    another endpoint may carry anything under that name."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         if "tools" in body:
             text += str(body["tools"])
     else:

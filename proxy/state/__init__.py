@@ -11,7 +11,9 @@ reload for targets that still exist.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import Config, Cooldown, Fastest, TargetKey
 from .breaker import Breaker, Health
@@ -20,6 +22,13 @@ from .snapshot import TargetFigures, snapshot
 from .tracker import BUFFERED, STREAMED, Tracker
 
 HISTORY = 100  # recent attempts kept per target for the health share
+
+Listener = Callable[[tuple[Any, ...]], None]
+"""Hears each change made through the door as a small tuple (the fleet link publishes them):
+``("s", key, mode, seconds)`` a first token, ``("c", key, mode, seconds)`` a censored sample,
+``("f", key, kind, failures, secs)`` a counted failure under its route's cooldown, ``("o", key,
+open_until, cooldown)`` the breaker opened or reopened, ``("r", key, until)`` a Retry-After,
+``("p", key)`` a probe given back without a verdict. Times are this process's clock."""
 
 
 @dataclass(slots=True)
@@ -43,11 +52,13 @@ class State:
         # by the gateway's CostRefresher; the score strategy reads it.
         self.costs: dict[tuple[str, str], float] = {}
         self.budgets: dict[str, HedgeBudget] = {}  # per route with a hedge
+        self.listener: Listener | None = None  # the fleet link, while it is connected
+        self.gated = False  # in a fleet: a half-open probe needs the fleet's claim
 
     def target(self, key: TargetKey) -> TargetState:
         ts = self.targets.get(key)
         if ts is None:
-            ts = self.targets[key] = TargetState(key)
+            ts = self.targets[key] = TargetState(key, Breaker(self.gated))
         return ts
 
     # -- the one door: every change to what is remembered ---------------------------------------
@@ -60,6 +71,8 @@ class State:
     def probe_released(self, ts: TargetState) -> None:
         """A probe ended with no verdict (the client left): the next attempt may probe."""
         ts.breaker.abandon_probe()
+        if self.listener is not None:
+            self.listener(("p", ts.key))
 
     def call_admitted(self, ts: TargetState, buffered: bool) -> int:
         """An attempt is in flight at the target (or a racer reserved its place); returns the
@@ -79,6 +92,8 @@ class State:
         call measured an address no longer in use), and a success for the breaker and history."""
         if not ts.retired:
             self.tracker.record(ts.key, seconds, now, mode, load)
+            if self.listener is not None:
+                self.listener(("s", ts.key, mode, seconds))
         ts.breaker.success()
         ts.history.append(True)
 
@@ -86,15 +101,61 @@ class State:
         """A measuring call cut at its cap: its time so far is a lower bound of its first token."""
         if not ts.retired:
             self.tracker.record(ts.key, seconds, now, mode)
+            if self.listener is not None:
+                self.listener(("c", ts.key, mode, seconds))
 
     def failed(self, ts: TargetState, now: float, cooldown: Cooldown, kind: str) -> None:
         """A failure that counts against the target (``kind`` is the outcome's word: 503, timeout,
         reset, cut...): the history and the breaker hear it."""
         ts.history.append(False)
-        ts.breaker.failure(now, cooldown)
+        breaker = ts.breaker
+        was = breaker.state, breaker.open_until
+        breaker.failure(now, cooldown)
+        if self.listener is not None and not ts.retired:
+            self.listener(("f", ts.key, kind, cooldown.failures, cooldown.secs))
+            if (breaker.state, breaker.open_until) != was:
+                self.listener(("o", ts.key, breaker.open_until, breaker.cooldown))
 
     def cool(self, ts: TargetState, until: float) -> None:
         """A Retry-After: the target is cooled down until then (it does not open the breaker)."""
+        ts.breaker.cool(until)
+        if self.listener is not None and not ts.retired:
+            self.listener(("r", ts.key, until))
+
+    # -- what the fleet heard: other instances' changes, folded in (never told back) -------------
+
+    def set_gated(self, gated: bool) -> None:
+        """In the fleet (True) a half-open probe waits for the fleet's claim; alone, it does not."""
+        self.gated = gated
+        for ts in self.targets.values():
+            ts.breaker.gated = gated
+            if not gated:
+                ts.breaker.claimed = False
+
+    def probe_granted(self, ts: TargetState, granted: bool) -> None:
+        """The fleet link claimed the target's probe for this instance (or let an unused claim go)."""
+        ts.breaker.claimed = granted
+
+    def heard_sample(self, ts: TargetState, seconds: float, at: float, mode: str, censored: bool) -> None:
+        """Another instance's sample (``at``: when it was taken, on this process's clock); a first
+        token is also a success (it closes the breaker: only a probe or a rescue can succeed at an
+        open target)."""
+        if ts.retired:
+            return
+        self.tracker.record(ts.key, seconds, at, mode)
+        if not censored:
+            ts.breaker.success()
+            ts.history.append(True)
+
+    def heard_failure(self, ts: TargetState, now: float, cooldown: Cooldown) -> None:
+        """Another instance's counted failure: the fleet counts failures together."""
+        ts.history.append(False)
+        ts.breaker.heard_failure(now, cooldown)
+
+    def heard_open(self, ts: TargetState, until: float, cooldown: float) -> None:
+        ts.breaker.heard_open(until, cooldown)
+
+    def heard_cool(self, ts: TargetState, until: float) -> None:
         ts.breaker.cool(until)
 
     def set_costs(self, costs: dict[tuple[str, str], float]) -> None:
@@ -133,6 +194,14 @@ class State:
         if ts is None or not ts.history:
             return None
         return sum(ts.history) / len(ts.history)
+
+    def recent(self, key: TargetKey, mode: str = STREAMED) -> list[float]:
+        """The target's newest first-token samples in ``mode``, oldest first (a hedge's pNN)."""
+        return self.tracker.recent(key, mode)
+
+    def hedge_budget(self, route: str) -> HedgeBudget | None:
+        """The route's hedge budget as it stands, None before its first hedged request (a read)."""
+        return self.budgets.get(route)
 
     def budget(self, route: str, share: float) -> HedgeBudget:
         budget = self.budgets.get(route)

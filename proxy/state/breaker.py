@@ -4,6 +4,11 @@ Pure state machine with an injected clock: ``cooldown.failures`` consecutive
 failover-safe failures open it; after the cooldown one probe is let through; a
 failed probe doubles the cooldown (up to 300 s); a success closes it. A 429's
 Retry-After cools the target down for the hinted time without opening it.
+
+In a fleet (docs/adr/0016) the breaker is ``gated``: its half-open probe is the fleet's one, so
+it is let through only once the fleet link has ``claimed`` it in Redis; until then the target
+reads as probing (another instance may be probing it). Failures and openings heard from other
+instances fold in with ``heard_failure`` and ``heard_open``.
 """
 
 from __future__ import annotations
@@ -54,15 +59,17 @@ _HEALTHY = Health(CLOSED, 0.0, 0.0, 0)
 
 
 class Breaker:
-    __slots__ = ("cool_until", "cooldown", "failures", "open_until", "probing", "state")
+    __slots__ = ("claimed", "cool_until", "cooldown", "failures", "gated", "open_until", "probing", "state")
 
-    def __init__(self) -> None:
+    def __init__(self, gated: bool = False) -> None:
         self.state = CLOSED
         self.failures = 0
         self.open_until = 0.0
         self.cooldown = 0.0
         self.cool_until = 0.0
         self.probing = False
+        self.gated = gated  # in a fleet: the probe needs the fleet's claim
+        self.claimed = False  # the fleet's probe claim is ours (gated only)
 
     def health(self, now: float) -> Health:
         cooling = max(0.0, self.cool_until - now)
@@ -75,7 +82,13 @@ class Breaker:
         left = self.open_until - now
         if left > 0:
             return Health(OPEN, left, cooling, self.failures)
+        if self.gated and not self.claimed:  # the fleet's probe is not ours (yet)
+            return Health(PROBING, 0.0, cooling, self.failures)
         return Health(HALF_OPEN, 0.0, cooling, self.failures)
+
+    def half_open(self, now: float) -> bool:
+        """Open, its cooldown over and nobody probing: a fleet link may claim the probe now."""
+        return self.state == OPEN and not self.probing and now >= self.open_until
 
     def begin(self, now: float, *, rescue: bool = False) -> str:
         """An attempt wants to start: ``GO``, ``PROBE`` (the one attempt after the cooldown) or ``WAIT``.
@@ -86,8 +99,9 @@ class Breaker:
         """
         if self.state == CLOSED:
             return GO
-        if not self.probing and now >= self.open_until:
+        if not self.probing and now >= self.open_until and (self.claimed or not self.gated):
             self.probing = True
+            self.claimed = False  # spent on this probe
             return PROBE
         return GO if rescue else WAIT
 
@@ -99,6 +113,7 @@ class Breaker:
         self.state = CLOSED
         self.failures = 0
         self.probing = False
+        self.claimed = False
         self.cooldown = 0.0
 
     def failure(self, now: float, policy: Cooldown) -> None:
@@ -113,6 +128,24 @@ class Breaker:
             self.state = OPEN
             self.cooldown = policy.secs
             self.open_until = now + policy.secs
+
+    def heard_failure(self, now: float, policy: Cooldown) -> None:
+        """Another instance's counted failure: it adds to the consecutive count (and may open the
+        breaker here too), but it is never this instance's probe verdict."""
+        self.failures += 1
+        if self.state == CLOSED and self.failures >= policy.failures:
+            self.state = OPEN
+            self.cooldown = policy.secs
+            self.open_until = now + policy.secs
+
+    def heard_open(self, until: float, cooldown: float) -> None:
+        """Another instance opened the breaker (or reopened it after its probe failed) until then."""
+        if self.state == OPEN and until <= self.open_until:
+            return
+        self.state = OPEN
+        self.open_until = until
+        self.cooldown = cooldown
+        self.claimed = False
 
     def cool(self, until: float) -> None:
         self.cool_until = max(self.cool_until, until)

@@ -35,14 +35,28 @@ class HedgeBudget:
         self.refused = 0
         self.freed: dict[Hashable, float] = {}  # (target key, mode) -> when its free measure started
 
-    def free_measure(self, key: Hashable, now: float, measured_at: float | None) -> bool:
-        """May ``key``, unmeasured, race without a token now? Yes once; again only after a sample
-        of it arrived (``measured_at``, its newest) since the last free one started."""
+    def owes_free_measure(self, key: Hashable, measured_at: float | None) -> bool:
+        """Would ``key``, unmeasured, race without a token now? Yes once; again only after a sample
+        of it arrived (``measured_at``, its newest) since the last free one started. A read."""
         given = self.freed.get(key)
-        if given is not None and (measured_at is None or measured_at < given):
+        return given is None or (measured_at is not None and measured_at >= given)
+
+    def affords(self, share: float, keep: float = 0.0) -> bool:
+        """After this request's deposit of ``share``, would a token leave ``keep`` behind? A read:
+        the plan decides with it, the race then spends or refuses as decided."""
+        tokens = self.tokens + share
+        return (CAP if tokens > CAP else tokens) >= 1.0 + keep
+
+    def free_measure(self, key: Hashable, now: float, measured_at: float | None) -> bool:
+        """Claim ``key``'s free measure if it is owed one (``owes_free_measure``)."""
+        if not self.owes_free_measure(key, measured_at):
             return False
-        self.freed[key] = now
+        self.claim_free(key, now)
         return True
+
+    def claim_free(self, key: Hashable, now: float) -> None:
+        """``key``'s free measure starts now."""
+        self.freed[key] = now
 
     def deposit(self) -> None:
         """One request of the route: ``share`` of a token."""
@@ -54,8 +68,16 @@ class HedgeBudget:
         or say no (and count the refusal, unless this request was refused once already: a
         request is refused at most once)."""
         if self.tokens >= 1.0 + keep:
-            self.tokens -= 1.0
+            self.spend()
             return True
         if count:
-            self.refused += 1
+            self.refuse()
         return False
+
+    def spend(self) -> None:
+        """A token for one extra attempt."""
+        self.tokens -= 1.0
+
+    def refuse(self) -> None:
+        """A request the budget said no to (once per request)."""
+        self.refused += 1

@@ -78,7 +78,8 @@ class Series:
             self.load_slope = 0.0
         self.samples.append(seconds)
         self.count += 1
-        self.newest_at = now
+        if self.newest_at is None or now > self.newest_at:  # a peer's sample may arrive after a newer one
+            self.newest_at = now
         for alpha, value in self.ewma.items():
             self.ewma[alpha] = alpha * seconds + (1 - alpha) * value
 

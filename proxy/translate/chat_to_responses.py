@@ -101,12 +101,12 @@ def _envelope(request: Json, model: str, rid: str, created: float) -> Json:
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
         "previous_response_id": None,
         "prompt_cache_key": _string(request.get("prompt_cache_key")),
-        "reasoning": request.get("reasoning") or {"effort": None, "summary": None},
+        "reasoning": {"effort": None, "summary": None, **_object(request.get("reasoning"))},
         "safety_identifier": _string(request.get("safety_identifier")),
         "service_tier": "default",
         "store": False,  # nothing is stored: previous_response_id cannot refer to this one
         "temperature": _number(request.get("temperature"), 1.0),
-        "text": {**text, "format": text.get("format") or {"type": "text"}},
+        "text": {**text, "format": _echo_format(text.get("format"))},
         "tool_choice": request.get("tool_choice") or "auto",
         "tools": [_echo_tool(tool) for tool in request.get("tools") or []],
         "top_logprobs": 0,  # refused when set (responses_to_chat): log probabilities are not translated
@@ -118,6 +118,20 @@ def _envelope(request: Json, model: str, rid: str, created: float) -> Json:
         "user": request.get("user"),
         "metadata": request.get("metadata") or {},
     }
+
+
+def _object(value: Any) -> Json:
+    return value if isinstance(value, dict) else {}
+
+
+def _echo_format(fmt: Any) -> Json:
+    """``text.format`` as the spec echoes it: a ``json_schema`` one with its ``description`` and
+    ``strict`` always present."""
+    if not isinstance(fmt, dict):
+        return {"type": "text"}
+    if fmt.get("type") == "json_schema":
+        return {"description": None, "strict": False, **fmt}
+    return fmt
 
 
 def _number(value: Any, default: float) -> float:

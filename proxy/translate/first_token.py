@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from ..errors import StreamTooLarge
+from ..scrub import Scrubber
 
 __all__ = [
     "MAX_OPENING",
@@ -31,6 +32,7 @@ __all__ = [
     "ResponsesFirstToken",
     "UpstreamError",
     "error_in_body",
+    "scrubbed",
 ]
 
 # Bytes held back before the first token. Past it the stream commits as it is, unless what is held
@@ -40,6 +42,7 @@ __all__ = [
 MAX_OPENING = 256 * 1024
 
 COMMITTED = "committed"
+SAMPLE = 4096  # bytes of a malformed event kept for its error message (80 of them are quoted)
 
 
 class UpstreamError(NamedTuple):
@@ -56,6 +59,7 @@ class Ended(NamedTuple):
 
     why: str  # "empty stream" | "malformed stream"
     detail: str
+    sample: bytes = b""  # the upstream's bytes the detail quotes (scrubbed whole before they are cut)
 
 
 Verdict = str | UpstreamError | Ended | None  # COMMITTED, a failure, or None: read more
@@ -163,9 +167,9 @@ class FirstToken:
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return Ended("malformed stream", f"an event before the first token is not JSON: {raw[:80]!r}")
+            return Ended("malformed stream", "an event before the first token is not JSON", raw[:SAMPLE])
         if not isinstance(payload, dict):
-            return Ended("malformed stream", f"an event before the first token is not an object: {raw[:80]!r}")
+            return Ended("malformed stream", "an event before the first token is not an object", raw[:SAMPLE])
         error = error_of(payload)
         if error is not None:
             return UpstreamError(*error, raw)
@@ -318,3 +322,21 @@ def error_in_body(body: bytes) -> UpstreamError | None:
         return None
     error = error_of(payload)
     return None if error is None else UpstreamError(*error, body)
+
+
+def scrubbed(failure: UpstreamError | Ended, scrubber: Scrubber) -> UpstreamError | Ended:
+    """``failure`` without a configured secret in it: the upstream's bytes are scrubbed whole (a
+    JSON error written again first, see ``Scrubber.error_body``), and what was read from them
+    (kind, message) is read again from what is left, before anything quotes or cuts it."""
+    if isinstance(failure, Ended):
+        return failure._replace(sample=scrubber.bytes(failure.sample)) if failure.sample else failure
+    body = scrubber.error_body(failure.body)
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = None
+    error = error_of(payload) if isinstance(payload, dict) else None
+    if error is None:
+        return UpstreamError(failure.status, "unknown", "upstream error", body)
+    status, kind, message = error
+    return UpstreamError(status, scrubber.text(kind), scrubber.text(message), body)

@@ -2,7 +2,7 @@
 
 :class:`Connection` is aiohttp's client protocol (``ResponseHandler``, its C parser) with two
 guards in front of the parser, both about what an upstream may say on a connection the pool
-shares between callers (docs/adr/0012):
+shares between callers (docs/adr/0015):
 
 - **Interim answers are bounded.** Until the final head of an answer is in, bytes reach the
   parser in slices of ``SLICE``, so one read cannot become thousands of ``103 Early Hints``
@@ -154,7 +154,8 @@ class Connection(ResponseHandler):
 
 def quiet(protocol: Connection) -> bool:
     """Nothing waits on the socket: no byte and no close the loop has not delivered yet. One
-    ``poll`` with no timeout, about a microsecond; ``poll``, not ``select``, for any fd number."""
+    ``poll`` with no timeout, a few microseconds (scripts/pool_reuse.py); ``poll``, not ``select``,
+    for any fd number."""
     if protocol.transport is None or protocol.fd < 0:
         return False
     poller = select.poll()

@@ -16,7 +16,7 @@ none, idle connections closed past keep-alive by one timer per pool.
 
 A connection is reused only once it has been quiet for ``QUIET`` and its socket holds nothing
 unread; what an upstream may say on it is guarded by ``proxy.upstream.connection`` (interim floods,
-unsolicited answers; docs/adr/0012). A final status a client must not act on (101, 3xx, one HTTP
+unsolicited answers; docs/adr/0015). A final status a client must not act on (101, 3xx, one HTTP
 does not define) is :class:`BadStatus`, never an answer.
 
 Connect failures are raised as :class:`ConnectFailed` with the word the walker logs; what the
@@ -45,7 +45,7 @@ __all__ = ["BadStatus", "ConnectFailed", "MalformedAnswer", "Origin", "Pool"]
 
 KEEPALIVE = 15.0  # an idle connection older than this is closed, not reused (aiohttp's default)
 DNS_TTL = 300.0  # a host's addresses are kept this long (aiohttp's ttl_dns_cache as firstbyte set it)
-QUIET = 0.05  # a released connection is reused only after this long without a byte (docs/adr/0012)
+QUIET = 0.05  # a released connection is reused only after this long without a byte (docs/adr/0015)
 DISTRUST = 60.0  # an origin that sent an unsolicited byte has no connection kept for this long
 REPLAY_WINDOW = 0.25  # a keep-alive crossing shows within a round trip; later, the upstream may have worked on it
 HAPPY_EYEBALLS = 0.25  # the next address is tried this long after the previous (aiohttp's default)

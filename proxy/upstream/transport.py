@@ -19,7 +19,6 @@ import aiohttp
 
 from ..bounds import YIELD_EVERY
 from ..config import Provider
-from ..scrub import Scrubber
 from .connection import InterimFlood
 from .http1 import Answer, BadStatus, ConnectFailed, MalformedAnswer, Pool
 
@@ -114,17 +113,15 @@ class HttpUpstream:
     from bytes already received, without waiting for the socket, so its reads
     give the loop a turn every ``YIELD_EVERY`` decoded bytes: otherwise a fast,
     highly compressed stream starves the deadline sweeper and every other request.
-    An error body (not 2xx) has every configured secret scrubbed from it.
+    Its bytes are the upstream's, as they came: the walker scrubs what is not an answer.
     """
 
-    __slots__ = ("_answer", "_content", "_encoded", "_pool", "_scrubber", "_unyielded", "chunk", "headers",
-                 "status")
+    __slots__ = ("_answer", "_content", "_encoded", "_pool", "_unyielded", "chunk", "headers", "status")
 
-    def __init__(self, answer: Answer, pool: Pool, scrubber: Scrubber | None = None) -> None:
+    def __init__(self, answer: Answer, pool: Pool) -> None:
         self._answer = answer
         self._pool = pool
         self._content = answer.content
-        self._scrubber = scrubber
         self.status = answer.status
         self.headers: Mapping[str, str] = answer.headers
         self._encoded = answer.headers.get("content-encoding", "identity").lower() != "identity"
@@ -148,10 +145,7 @@ class HttpUpstream:
             if size > limit:
                 raise BodyTooLarge(f"upstream body over {limit} bytes")
             parts.append(data)
-        body = b"".join(parts)
-        if self._scrubber is not None and not 200 <= self.status < 300:
-            body = self._scrubber.bytes(body)  # whole, before any caller cuts it short
-        return body
+        return b"".join(parts)
 
     def at_eof(self) -> bool:
         return self._content.at_eof()
@@ -168,10 +162,9 @@ class HttpTransport:
     connect one; first chunk, idle and total are kept by ``proxy.walk.deadlines``, without a
     timer armed per attempt or re-armed on every read."""
 
-    def __init__(self, pool: Pool, scrubber: Scrubber | None = None) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
-        self.scrubber = scrubber
 
     async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:
         answer = await self.pool.request(req.method, req.url, req.headers, req.body, provider.timeouts.connect)
-        return HttpUpstream(answer, self.pool, self.scrubber)
+        return HttpUpstream(answer, self.pool)

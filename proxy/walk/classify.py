@@ -153,4 +153,5 @@ def classify_error(error: UpstreamError, where: str, overflow: bool) -> Outcome:
 
 def classify_ended(ended: Ended) -> Outcome:
     """A stream that ended, or broke, before its first token: the upstream's failure."""
-    return Outcome(ended.why, True, 502, f"upstream stream failed before its first token: {ended.detail}")
+    sample = f": {ended.sample[:80]!r}" if ended.sample else ""
+    return Outcome(ended.why, True, 502, f"upstream stream failed before its first token: {ended.detail}{sample}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config import Cooldown, Target
 from ..providers.base import StreamTranslator
+from ..sockets import reset
 from ..upstream.transport import UPSTREAM_ERRORS, Upstream
 from .deadlines import Deadlines, Expired
 from .slot import Slot
@@ -77,7 +78,7 @@ class Lease:
         if self.waiting_since is None and client is not None and not self.tail and reason != DRAINING \
                 and not client.is_closing():
             self.stalled = f"client stopped reading (the stream reached its {reason})"
-            client.abort()
+            reset(client)
 
     def cut(self) -> None:
         """The drain's grace is over: wake the relay's read, and when the relay is stuck writing to

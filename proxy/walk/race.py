@@ -12,10 +12,12 @@ task. A race starts in two ways:
   own (once per request). The timer is one more call the deadline sweeper watches, so a
   request that never hedges arms no timer and starts no task.
 
-Each extra upstream call is paid from the route's hedge budget (``state/budget.py``). The first
-racer to commit (first token, or a client error returned as it is) wins. A losing hedge is
-cancelled at once (its upstream call aborted, its connection closed, nothing counted against
-it); a leader that loses is stopped the way its first-chunk deadline would stop it, by
+Who races from the start, who pays and each leader's hedge delay are the plan's (``Opening``,
+``routing/hedge.py``); the race runs them, a :class:`Phase` and a :class:`Hedging` its named
+states, and records what happened in the route's budget (``state/budget.py``), which only a
+due hedge still asks. The first racer to commit (first token, or a client error returned as
+it is) wins. A losing hedge is cancelled at once (its upstream call aborted, its connection
+closed, nothing counted against it); a leader that loses is stopped the way its first-chunk deadline would stop it, by
 cancelling its await, and likewise is not blamed. A racer that fails does not end the race:
 when none is left running, the walk goes on with the rest of the order.
 """
@@ -23,21 +25,21 @@ when none is left running, the walk goes on with the rest of the order.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Awaitable, Callable, Mapping
 
 from ..config import Hedge, Provider, Route, Target
 from ..providers import Call
-from ..routing.decision import Attempt, Decision, Racer
-from ..routing.hedge import hedge_delay, measure_cap
+from ..routing.decision import Attempt, Racer
+from ..routing.hedge import FREE, Opening, measure_cap
 from ..routing.plan import Plan
-from ..state.budget import RESERVE
 from ..state.tracker import BUFFERED, STREAMED
 from .deadlines import Countdown
 from .result import Answered, Committed, Settling, Trail, Walked
 from .slot import Reservation
 from .walker import Walker
 
-__all__ = ["Race", "walk_route"]
+__all__ = ["Hedging", "Phase", "Race", "walk_route"]
 
 
 Left = Callable[[tuple[Attempt, ...], tuple[Racer, ...]], None]
@@ -50,18 +52,32 @@ def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, ca
     ``left`` hears a race's attempts and racers so far when the client leaves before any answered,
     so the racers it started are still counted."""
     route = plan.route
-    order = plan.decision.order
     hedge = route.hedge
-    if hedge is None:
+    if hedge is None or plan.opening is None:
+        if hedge is not None:
+            # A pin is the client's choice: its fallback is for failures, not for speed, so it never
+            # races; it still earns the route its share of the budget, as every request does.
+            walker.state.budget(route.name, hedge.max_extra).deposit()
         return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
-    if order and order[0].reason == "pinned":
-        # A pin is the client's choice: its fallback is for failures, not for speed, so it never
-        # races; it still earns the route its share of the budget, as every request does.
-        walker.state.budget(route.name, hedge.max_extra).deposit()
-        return walker.walk(route, plan.targets, call, providers, rescued=plan.rescued)
-    race = Race(walker, route, hedge, plan.targets, call, providers, plan.rescued)
-    race.left = left
-    return race.run(plan.together, plan.decision)
+    return Race(walker, route, hedge, plan.opening, call, providers, plan.rescued, left).run()
+
+
+class Phase(enum.Enum):
+    """Where the request's own task stands in the race."""
+
+    OPENING = "opening"  # the plan's opening is being carried out
+    LEADING = "leading"  # a target runs inline, in the request's task
+    WAITING = "waiting"  # the inline leader failed while racers run: they are ahead of a failover
+    CUTTING = "cutting"  # a racer won while a leader ran inline: the leader's await is being cancelled
+    DONE = "done"  # the walk has its answer; racers being measured may run on
+
+
+class Hedging(enum.Enum):
+    """What the request's one timed hedge may still do."""
+
+    OPEN = "open"  # it starts when the leader has no first token by its delay, if the budget pays
+    REFUSED = "refused"  # the budget refused this request once: a hedge may start, a second no is not told
+    SPENT = "spent"  # a race began (a learner, or the hedge), or the hedge's one chance was refused
 
 
 class _Racer:
@@ -103,29 +119,28 @@ class _HedgeTimer(Countdown):
 
 
 class Race:
-    # Class-level defaults: a request that never races sets only what __init__ does (this is
-    # built for every request of a hedged route).
-    leader: Target | None = None  # the target running inline now
+    # Class-level defaults: a request that never races sets only what __init__ does (per request).
+    leader: Target | None = None  # the target running inline now (Phase.LEADING)
     leader_started = 0.0
     winner: _Racer | None = None  # a racer that committed first
     rejected: _Racer | None = None  # a racer's client error, kept while another may still answer
-    hedged = False  # one hedge per request: the budget's share is per request
     later: list[tuple[float, int]] | None = None  # inline leads after a race began: (start, first attempt)
-    refused = False  # the budget said no once: a later no is neither counted nor shown
     timer: _HedgeTimer | None = None
-    interrupted = False  # a racer won while the leader ran inline: its await was cancelled
-    changed: asyncio.Future[None] | None = None  # a racer finished
-    left: Left | None = None  # told what ran when the client leaves before an answer
+    changed: asyncio.Future[None] | None = None  # a racer finished (awaited in Phase.WAITING)
 
-    def __init__(self, walker: Walker, route: Route, hedge: Hedge, targets: tuple[Target, ...], call: Call,
-                 providers: Mapping[str, Provider], rescued: str | None) -> None:
+    def __init__(self, walker: Walker, route: Route, hedge: Hedge, opening: Opening, call: Call,
+                 providers: Mapping[str, Provider], rescued: str | None, left: Left | None = None) -> None:
         self.walker = walker
         self.route = route
         self.hedge = hedge
-        self.queue = list(targets)
+        self.opening = opening
+        self.queue = list(opening.order)
         self.call = call
         self.providers = providers
         self.rescued = rescued
+        self.left = left  # told what ran when the client leaves before an answer
+        self.phase = Phase.OPENING
+        self.hedging = Hedging.OPEN
         self.budget = walker.state.budget(route.name, hedge.max_extra)
         self.inline = self.last = Trail()  # the request task's attempts; the last failure's
         self.inline_started = walker.clock()
@@ -133,56 +148,15 @@ class Race:
         self.roles: list[Racer] = []
         self.task = asyncio.current_task()
 
-    async def run(self, together: int, decision: Decision) -> Walked:
-        self.budget.deposit()
-        if together > 1 and len(self.queue) > 1:
-            first_reason = decision.first_reason
-            free = self._first_measure(first_reason)
-            # A cold burst's measure (its target in flight already) may spend a hedge's token: cold
-            # starts are when racing pays most. An explore, or a measure whose free call was spent
-            # (a target that keeps failing), leaves one for a hedge.
-            if free or self.budget.withdraw(keep=0.0 if free is None else RESERVE):
-                # The plan's first is the explored (or unmeasured) target: it races in a task and
-                # is measured; the next in the order leads, inline.
-                explored = self._start(measuring=True)
-                self.roles.append(Racer(explored.target.name, "explore" if first_reason == "explore" else "measure"))
-                self.roles.append(Racer(self.queue[0].name, "leader"))
-                self.hedged = True
-            elif free is None:  # being measured already: it leads (a cold burst spreads), unraced
-                self.roles.append(Racer(self.queue[1].name, "budget exhausted"))
-                self.refused = True
-            else:
-                # Learning is free only as a race: unpaid, the explored target waits its turn
-                # behind the leader (a hedge may still start it) instead of making the client wait
-                # (the header's order says so: ``decision.as_tried``).
-                self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
-                self.queue.insert(1, self.queue.pop(0))
-                self.refused = True
+    async def run(self) -> Walked:
+        self._open()
         try:
-            if self.queue and await self._lead(self.queue.pop(0)):
-                return self._finish(self.inline)
-            while self.winner is None:
-                if self._running():
-                    await self._wait()  # the leader failed while racers run: they are ahead of a failover
-                elif self.rejected is not None:  # nobody else answered: the client error is the answer
-                    return self._finish(self.rejected.trail, self.rejected)
-                elif not self.queue:
-                    return self._finish(self.last)  # everyone failed: the last failure is the answer
-                elif await self._lead(self.queue.pop(0), again=True):  # a failover: everyone before it failed
-                    return self._finish(self.inline)
-            return self._finish(self.winner.trail, self.winner)
+            return await self._walk()
         except BaseException:
-            # The client left (or the loop is closing) after a racer committed, before its lease
-            # reached the relay: nobody else will let it go.
-            winner = self.winner
-            if winner is not None and winner.trail.lease is not None:
-                winner.trail.lease.finish()
-                winner.trail.lease = None
-            elif self.left is not None and winner is None and self.inline.served is None and self.roles:
-                so_far = self._finish(self.last)  # nobody answered: every racer still running is lost
-                self.left(so_far.attempts, so_far.race)
+            self._left()
             raise
         finally:
+            self.phase = Phase.DONE
             if self.timer is not None:
                 self._disarm()
             for racer in self.racers:
@@ -190,32 +164,62 @@ class Race:
                 if task is not None and not task.done() and not (racer.measuring and self._won()):
                     task.cancel()
 
-    def _first_measure(self, first_reason: str) -> bool | None:
-        """An unmeasured target nobody is measuring yet races even when the budget is empty: it is
-        measured once (its figure, or the lower bound of its cap, then stands), so this costs at
-        most one call per target per cold start or expired figure, and without it the target
-        would serve a client alone, blind (a cold burst spends the bucket's start at once). One
-        that failed its free measure gets no second until a sample of it has arrived: a target
-        that always fails would otherwise race every request for free (``HedgeBudget.free_measure``).
-        None: it is being measured now, by another request."""
-        if first_reason != "unmeasured":
-            return False
-        mode = STREAMED if self.call.stream else BUFFERED
-        key = self.queue[0].key
-        state = self.walker.state
-        if state.in_flight(key, mode):
-            return None
-        now = self.walker.clock()
-        age = state.age(key, now, mode)
-        return self.budget.free_measure((key, mode), now, None if age is None else now - age)
+    def _open(self) -> None:
+        """Carry out the plan's opening: this request's share into the budget, then the learner
+        started (its free measure claimed, or a token spent) or the budget's refusal recorded."""
+        self.budget.deposit()
+        opening = self.opening
+        learner = opening.learner
+        if learner is not None:
+            if opening.pays == FREE:
+                self.budget.claim_free((learner.key, STREAMED if self.call.stream else BUFFERED),
+                                       self.walker.clock())
+            else:
+                self.budget.spend()
+            self._start(measuring=True)
+            self.roles.append(Racer(learner.name, opening.role))
+            self.roles.append(Racer(self.queue[0].name, "leader"))
+            self.hedging = Hedging.SPENT
+        elif opening.refused is not None:
+            self.budget.refuse()
+            self.roles.append(Racer(opening.refused, "budget exhausted"))
+            self.hedging = Hedging.REFUSED
+
+    async def _walk(self) -> Walked:
+        """Lead inline, fail over, or wait for the racers, until someone's answer is the walk's."""
+        if self.queue and await self._lead(self.queue.pop(0)):
+            return self._finish(self.inline)
+        while self.winner is None:
+            if self._running():
+                self.phase = Phase.WAITING  # the leader failed while racers run: they are ahead of a failover
+                await self._wait()
+            elif self.rejected is not None:  # nobody else answered: the client error is the answer
+                return self._finish(self.rejected.trail, self.rejected)
+            elif not self.queue:
+                return self._finish(self.last)  # everyone failed: the last failure is the answer
+            elif await self._lead(self.queue.pop(0), again=True):  # a failover: everyone before it failed
+                return self._finish(self.inline)
+        return self._finish(self.winner.trail, self.winner)
+
+    def _left(self) -> None:
+        """The client left (or the loop is closing). A racer that committed before its lease reached
+        the relay is let go (nobody else will); with nobody answered, what ran is told as lost."""
+        winner = self.winner
+        if winner is not None and winner.trail.lease is not None:
+            winner.trail.lease.finish()
+            winner.trail.lease = None
+        elif self.left is not None and winner is None and self.inline.served is None and self.roles:
+            so_far = self._finish(self.last)  # nobody answered: every racer still running is lost
+            self.left(so_far.attempts, so_far.race)
 
     async def _lead(self, target: Target, again: bool = False) -> bool:
         """Run ``target`` in the request's task; True when it committed first. ``again``: a failover
         lead, after the first (which sorts at the request's start, before any racer it began)."""
+        self.phase = Phase.LEADING
         self.leader, self.leader_started = target, self.walker.clock()
         if again and self.racers:  # a failover inline after a race began: its attempts sort by its own start
             self.later = [*(self.later or ()), (self.leader_started, len(self.inline.attempts))]
-        if not self.hedged and self.queue:
+        if self.hedging is not Hedging.SPENT and self.queue:
             self._arm(target)
         try:
             over = await self.walker.try_target(self.inline, self.route, target, self.providers, self.call,
@@ -224,7 +228,7 @@ class Race:
             # Cut: a racer committed first, or the client left (or the loop is closing).
             self.inline.attempts.append(Attempt(target.name, "lost", self.walker.clock() - self.leader_started))
             task = self.task
-            if not self.interrupted or task is None or task.uncancel():
+            if self.phase is not Phase.CUTTING or task is None or task.uncancel():
                 raise  # the client left: every racer goes too
             return False
         finally:
@@ -238,11 +242,12 @@ class Race:
     def hedge_due(self) -> None:
         """The leader has no first token by ``after``: the next target races it, if paid for."""
         self.timer = None
-        if self.hedged or self.leader is None or self.winner is not None or not self.queue:
+        if self.hedging is Hedging.SPENT or self.leader is None or self.winner is not None or not self.queue:
             return
-        self.hedged = True
-        if not self.budget.withdraw(count=not self.refused):
-            if not self.refused:  # one request is one refusal, however many racers it wanted
+        refused = self.hedging is Hedging.REFUSED
+        self.hedging = Hedging.SPENT
+        if not self.budget.withdraw(count=not refused):
+            if not refused:  # one request is one refusal, however many racers it wanted
                 self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
             return
         if not any(role == "leader" for _, role in self.roles):
@@ -291,7 +296,7 @@ class Race:
             if not self._won():  # no await since the commit: the first to get here won
                 self.winner = racer
                 if self.leader is not None and self.task is not None:
-                    self.interrupted = True
+                    self.phase = Phase.CUTTING
                     self.task.cancel()  # lands in the leader's await, as its deadline would
                 return
             lease = racer.trail.lease
@@ -336,8 +341,8 @@ class Race:
         await self.changed
 
     def _arm(self, leader: Target) -> None:
-        mode = STREAMED if self.call.stream else BUFFERED
-        delay = hedge_delay(self.hedge, self.walker.state.tracker.recent(leader.key, mode))
+        """The leader's hedge timer, at the delay the plan gave it (None: a pNN without its samples)."""
+        delay = self.opening.hedge_after.get(leader.name)
         if delay is not None:
             self.timer = _HedgeTimer(self.leader_started, delay, self)
             self.walker.deadlines.watch_timer(self.timer)

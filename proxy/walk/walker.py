@@ -24,11 +24,12 @@ from ..errors import error_body
 from ..providers import Adapter, Call, adapter_for
 from ..providers.base import UpstreamRequest
 from ..routing.decision import Attempt
+from ..scrub import Scrubber
 from ..state import State, TargetState
 from ..state.breaker import PROBE, WAIT
 from ..state.tracker import BUFFERED, STREAMED
 from ..translate.chat_to_anthropic import TranslationError
-from ..translate.first_token import Ended, FirstToken, UpstreamError, error_in_body
+from ..translate.first_token import Ended, FirstToken, UpstreamError, error_in_body, scrubbed
 from ..upstream.transport import Transport, Upstream
 from .classify import (
     BUSY,
@@ -114,10 +115,13 @@ class Walker:
         rng: random.Random | None = None,
         deadlines: Deadlines | None = None,
         limiters: Limiters,
+        scrubber: Scrubber | None = None,
     ) -> None:
         """``transports``: one per provider kind, picked where the gateway is built; ``limiters``: the
-        gateway's, configured with it (required: a walker without them would ignore max_concurrent)."""
+        gateway's, configured with it (required: a walker without them would ignore max_concurrent);
+        ``scrubber``: the gateway's, which every upstream failure passes in ``_settle``."""
         self.state = state
+        self.scrubber = scrubber or Scrubber()
         self.limiters = limiters
         self.transports = transports
         self.clock = clock
@@ -263,13 +267,18 @@ class Walker:
     def _settle(self, trail: Trail, aim: _Aim, slot: Slot, first: bytes,
                 failure: UpstreamError | Ended | None, started: float) -> Outcome | Lease | None:
         """Classify what came back and feed the state: a commit (a Lease for a stream, None for a
-        buffered answer), a client error returned as it is (None), or a failure to move on from."""
+        buffered answer), a client error returned as it is (None), or a failure to move on from.
+        Every upstream failure passes the scrubber here first."""
         now = self.clock()
         upstream = slot.upstream
         assert upstream is not None
         status = upstream.status
+        # The one door for an upstream's words before the commit (proxy/scrub.py): whatever it said
+        # instead of an answer is scrubbed here, whole, before it is classified, normalised or cut.
         if not 200 <= status < 300:
-            return self._refused(trail, aim, slot, first, started, now)
+            return self._refused(trail, aim, slot, self.scrubber.error_body(first), started, now)
+        if failure is not None:
+            failure = scrubbed(failure, self.scrubber)
         slot.heard = True
         if failure is not None:
             return self._failed_before_token(trail, aim, slot, failure, started)

@@ -214,6 +214,8 @@ def test_reconfigure_bounds_labels_to_the_new_config_and_drops_departed_gauges()
         pytest.param("connect timeout", "connect", id="first-word"),
         pytest.param("capped", "capped", id="a-racer-cut-at-its-cap"),
         pytest.param("measured", "measured", id="a-racer-measured-to-its-first-token"),
+        pytest.param("interim flood", "interim", id="an-interim-flood"),
+        pytest.param("bad upstream status", "bad", id="a-bad-upstream-status"),
         pytest.param("1234", "other", id="four-digits"),
         pytest.param("ignore previous instructions", "other", id="free-text"),
     ],

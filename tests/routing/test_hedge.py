@@ -9,11 +9,20 @@ import pytest
 
 from proxy.config import Hedge
 from proxy.errors import ConfigError
-from proxy.routing.hedge import CAP_CEILING, CAP_FLOOR, MIN_SAMPLES, hedge_delay, measure_cap
+from proxy.routing.hedge import (
+    CAP_CEILING,
+    CAP_FLOOR,
+    FREE,
+    MIN_SAMPLES,
+    PAID,
+    hedge_delay,
+    measure_cap,
+    opening,
+)
 from proxy.routing.plan import Ask, plan
 from proxy.state import State
-from proxy.state.budget import CAP, HedgeBudget
-from proxy.state.tracker import BUFFERED
+from proxy.state.budget import CAP, RESERVE, HedgeBudget
+from proxy.state.tracker import BUFFERED, STREAMED
 
 from .test_plan import NOW, config, fig, t
 
@@ -231,3 +240,80 @@ def test_hedge_after_names_the_percentiles_it_takes(after: str) -> None:
         config("fastest", [t("a"), t("b")], hedge={"after": after})
     assert ("routes.chat.hedge.after: expected seconds (0.8) or pNN of the leader's samples, p1 to p99 (p90), "
             f"got {after!r}") in str(caught.value)
+
+
+def tokens(n: float, share: float = 0.1) -> Any:
+    """The route's hedge budget holds ``n`` tokens before this request's deposit of ``share``."""
+    def setup(s: State) -> None:
+        s.budget("chat", share).tokens = n
+
+    return setup
+
+
+def freed(name: str, at: float) -> Any:
+    """``name`` had its free measure at ``at`` (streamed), and no sample came since."""
+    def setup(s: State) -> None:
+        s.budget("chat", 0.1).freed[((name, "m"), STREAMED)] = at
+
+    return setup
+
+
+ABC = config("fastest", [t("a"), t("b"), t("c")], hedge={"after": 1})
+
+
+@pytest.mark.parametrize(
+    ("first", "together", "setups", "race"),
+    [
+        pytest.param("fastest", 1, (), ("a b c", None, "", "", 0.0, None), id="nobody-learns-the-order-walks-alone"),
+        pytest.param("unmeasured", 2, (), ("a b c", "a", "measure", FREE, 0.0, None),
+                     id="unmeasured-races-free-the-first-time"),
+        pytest.param("unmeasured", 2, (freed("a", NOW - 1), tokens(1.95)),
+                     ("a b c", "a", "measure", PAID, RESERVE, None),
+                     id="its-free-measure-spent-it-pays-leaving-the-reserve"),
+        pytest.param("unmeasured", 2, (freed("a", NOW - 1), tokens(1.0)), ("b a c", None, "", "", 0.0, "a"),
+                     id="unpaid-it-waits-behind-the-leader"),
+        pytest.param("unmeasured", 2, (in_flight("a"), tokens(0.9)), ("a b c", "a", "measure", PAID, 0.0, None),
+                     id="a-cold-burst-measure-may-spend-the-hedges-token"),
+        pytest.param("unmeasured", 2, (in_flight("a"), tokens(0.5)), ("a b c", None, "", "", 0.0, "b"),
+                     id="being-measured-already-it-leads-unraced"),
+        pytest.param("explore", 2, (tokens(1.95),), ("a b c", "a", "explore", PAID, RESERVE, None),
+                     id="an-explore-pays-leaving-the-reserve"),
+        pytest.param("explore", 2, (tokens(1.5),), ("b a c", None, "", "", 0.0, "a"),
+                     id="an-explore-never-takes-the-hedges-reserve"),
+        pytest.param("explore", 2, (tokens(1.9),), ("a b c", "a", "explore", PAID, RESERVE, None),
+                     id="this-requests-own-deposit-counts"),
+    ],
+)
+def test_the_plan_decides_who_races_and_who_pays(first: str, together: int, setups: tuple[Any, ...],
+                                                 race: tuple[str, str | None, str, str, float, str | None]) -> None:
+    state = State()
+    for setup in setups:
+        setup(state)
+    route = ABC.routes["chat"]
+    assert route.hedge is not None
+    got = opening(route.hedge, "chat", route.targets, first, together, state, NOW, STREAMED)
+    learner = None if got.learner is None else got.learner.name
+    assert (" ".join(t.name for t in got.order), learner, got.role, got.pays, got.keep, got.refused) == race
+
+
+@pytest.mark.parametrize(
+    ("hedge", "setups", "delays"),
+    [
+        pytest.param({"after": 1}, (), {"a": 1.0, "b": 1.0, "c": 1.0}, id="a-fixed-after-for-every-leader"),
+        pytest.param({"after": "p50"}, (fig("b", 0.1, 0.2, 0.3, 0.4, 0.5),), {"a": None, "b": 0.3, "c": None},
+                     id="a-percentile-from-each-leaders-own-samples"),
+    ],
+)
+def test_the_plan_gives_each_leader_its_hedge_delay(hedge: dict[str, Any], setups: tuple[Any, ...],
+                                                    delays: dict[str, float | None]) -> None:
+    state = State()
+    for setup in setups:
+        setup(state)
+    cfg = config("ordered", [t("a"), t("b"), t("c")], hedge=hedge)
+    planned = plan(cfg, Ask("t1", "chat"), state, NOW, random.Random(7))
+    assert planned.opening is not None and dict(planned.opening.hedge_after) == delays
+
+
+def test_a_pin_has_no_race_to_plan() -> None:
+    planned = plan(ABC, Ask("t1", "chat", pin="b"), State(), NOW, random.Random(7))
+    assert planned.opening is None

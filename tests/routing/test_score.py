@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import Price, Route, ScoreWeights, Target, TargetKey
-from proxy.gateway import CostRefresher
+from proxy.observe.cost_refresher import CostRefresher
 from proxy.observe.ledger import SCHEMA
 from proxy.routing.ordering import order_targets
 from proxy.routing.score import cost_basis, lead_signal, relative, score_targets

@@ -30,6 +30,11 @@ async def guarded(upstreams, proxy):
                         "connections": FAST})
 
 
+def scrape(hub: Hub, gw: Gateway) -> tuple[bytes, str]:
+    """/metrics as the ops handler renders it: the state's snapshot and the last reload's word."""
+    return hub.scrape(gw.state.snapshot(gw.config, gw.clock()), gw.config.routes, gw.loaded)
+
+
 async def closed_within(reader: asyncio.StreamReader, secs: float) -> tuple[bytes, float]:
     """What the server sent before it closed, and when it closed (the test fails if it never does)."""
     t0 = time.monotonic()
@@ -104,7 +109,7 @@ async def test_past_the_cap_a_connection_is_answered_503_and_the_cap_recovers(gu
 
 @pytest.mark.timeout(10)
 async def test_a_connection_past_the_cap_is_closed_within_a_second_even_if_it_says_nothing(guarded):
-    guard = guarded.gateway.guards[0]
+    guard = guarded.guards[0]
     held = [await asyncio.open_connection("127.0.0.1", guarded.port) for _ in range(guard.max)]
     await asyncio.sleep(0.05)
     reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
@@ -118,7 +123,7 @@ async def test_a_connection_past_the_cap_is_closed_within_a_second_even_if_it_sa
 
 @pytest.mark.timeout(10)
 async def test_at_the_hard_limit_a_new_connection_evicts_the_longest_idle_one(guarded):
-    guard = guarded.gateway.guards[0]
+    guard = guarded.guards[0]
     held = []
     for _ in range(guard.hard_max):
         held.append(await asyncio.open_connection("127.0.0.1", guarded.port))
@@ -150,7 +155,7 @@ async def test_at_the_cap_the_connection_idle_longest_makes_room_for_a_new_clien
     up = await upstreams({"/v1/chat/completions": ok_handler()})
     p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
                      "connections": {"max": 8, "keepalive_timeout": 30, "header_timeout": 5}})
-    guard = p.gateway.guards[0]
+    guard = p.guards[0]
     held = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(guard.max)]
     for conn in held:
         await ask_healthz(*conn)
@@ -186,7 +191,7 @@ async def test_at_the_cap_a_connection_with_a_request_under_way_is_never_evicted
     up = await upstreams({"/v1/chat/completions": slow})
     p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
                      "connections": {"max": 4, "keepalive_timeout": 30, "header_timeout": 5}})
-    guard = p.gateway.guards[0]
+    guard = p.guards[0]
     busy = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(guard.max)]
     for _, writer in busy:
         writer.write(post_head(len(CHAT)) + CHAT)
@@ -243,11 +248,12 @@ async def test_connections_and_their_cuts_are_metrics(upstreams, proxy):
     p = await proxy(raw, observers=hub.observers)
     held = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(3)]
     await asyncio.sleep(0.6)  # past the head deadline: all three are cut
-    body, _ = hub.scrape(p.gateway)
+    hub.connections.extend(p.guards)  # as `firstbyte serve` registers its listeners'
+    body, _ = scrape(hub, p.gateway)
     await asyncio.sleep(LINGER)  # the cut ones are closed after their 408 lingered
     open_now = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(2)]
     await asyncio.sleep(0.05)
-    body2, _ = hub.scrape(p.gateway)
+    body2, _ = scrape(hub, p.gateway)
     for _, w in held + open_now:
         w.close()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +21,7 @@ from proxy.upstream.connection import HEAD_BYTES, INTERIM_MAX, InterimFlood
 from proxy.upstream.http1 import QUIET, BadStatus, Pool
 from proxy.upstream.transport import failure_of
 
-from .test_http1 import read_head, reply, reused, serve, whole
+from .test_http1 import _ca_and_leaf, read_head, reply, reused, serve, whole
 
 __all__ = ["serve"]  # the fixture, used by name
 
@@ -298,3 +300,59 @@ async def test_bytes_on_the_socket_the_loop_has_not_read_yet_keep_a_connection_f
             conn.close()
         listener.close()
         thread.join(5)
+
+
+# The readiness check reads the socket under the transport. A transport that did not show it (TLS, or
+# uvloop's) would make every connection look unready: never reused, a handshake per call.
+
+async def _two_calls(tls: Path | None) -> int:
+    """Two calls, the second after the first's connection went quiet: how many connections it took."""
+    server_ctx = None
+    client_ctx = None
+    if tls is not None:
+        ca, leaf = _ca_and_leaf(tls, "localhost")
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(leaf)
+        client_ctx = ssl.create_default_context(cafile=str(ca))
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            body = await read_request(reader)
+            writer.write(reply(body))
+            await writer.drain()
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tasks.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await handle(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(run, "127.0.0.1", 0, ssl=server_ctx)
+    scheme = "https" if tls is not None else "http"
+    url = f"{scheme}://localhost:{server.sockets[0].getsockname()[1]}/"
+    pool = Pool(ssl_context=client_ctx)
+    try:
+        assert await whole(pool, url, b"one") == (200, b"one")
+        assert await reused(pool, url, b"two") == (200, b"two")
+        return len(tasks)
+    finally:
+        pool.close()
+        await stop(server, tasks)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("tls", [pytest.param(False, id="plain"), pytest.param(True, id="tls")])
+def test_a_quiet_connection_is_reused_on_either_loop_with_or_without_tls(tmp_path: Path, loop: str,
+                                                                         tls: bool) -> None:
+    factory = asyncio.new_event_loop
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert runner.run(_two_calls(tmp_path if tls else None)) == 1

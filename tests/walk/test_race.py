@@ -210,7 +210,7 @@ async def test_a_client_that_leaves_cancels_every_racer(upstreams, proxy):
     a, b = Timed(first=3.0), Timed(first=3.0)
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.1})
     finished: list[Any] = []
-    p.gateway.observers.append(_Collect(finished))
+    p.gateway.outbox.observers.append(_Collect(finished))
     async with aiohttp.ClientSession() as session:
         task = asyncio.create_task(session.post(p.url + "/v1/chat/completions", json={**CHAT, "stream": True}))
         deadline = time.monotonic() + 2
@@ -310,7 +310,7 @@ async def test_a_reload_mid_race_loses_nothing(upstreams, proxy):
     a, b = Timed(first=1.0), Timed(first=0.4, text="from-b")
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b})
     finished: list[Any] = []
-    p.gateway.observers.append(_Collect(finished))
+    p.gateway.outbox.observers.append(_Collect(finished))
     post = asyncio.create_task(p.post("/v1/chat/completions", {**CHAT, "stream": True}))
     await asyncio.sleep(0.3)  # the hedge is running
     p.gateway.apply(parse_config({**_raw(p), "routes": {"chat": {"strategy": "ordered", "targets": [
@@ -489,7 +489,7 @@ async def test_failovers_count_the_targets_moved_past_in_the_order_they_started(
     ups, p = await race_proxy(upstreams, proxy, {"a": _late(503, 0.4), "b": _late(503, 0.2),
                                                  "c": Timed(first=0.01, text="from-c")}, hedge={"after": 0.1})
     finished: list[Any] = []
-    p.gateway.observers.append(_Collect(finished))
+    p.gateway.outbox.observers.append(_Collect(finished))
     status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     d = decision_of(headers)
     assert status == 200 and d.served == "c" and b"from-c" in body
@@ -500,7 +500,7 @@ async def test_failovers_count_the_targets_moved_past_in_the_order_they_started(
     # A hedge that fails while the leader it raced serves was not moved past: no failover.
     ups, p2 = await race_proxy(upstreams, proxy, {"a": Timed(first=0.4, text="from-a"), "b": _late(503, 0.05)},
                                hedge={"after": 0.1})
-    p2.gateway.observers.append(_Collect(finished))
+    p2.gateway.outbox.observers.append(_Collect(finished))
     status, headers, body = await p2.post("/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 200 and decision_of(headers).served == "a"
     await until(lambda: len(finished) == 2)
@@ -568,7 +568,8 @@ async def test_explain_shows_the_routes_hedge_and_its_budget(upstreams, proxy, c
                               hedge={"after": "p90", "max_extra": 0.2})
     status, explained = await p.get("/v1/routes/chat/explain")
     assert status == 200
-    assert explained["hedge"] == {"after": "p90", "delay_s": None, "leader": "a", "learner": None, "max_extra": 0.2,
+    assert explained["hedge"] == {"after": "p90", "delay_s": None, "leader": "a", "learner": None, "pays": None,
+                                  "refused": None, "max_extra": 0.2,
                                   "budget_tokens": 1.0, "budget_refused": 0, "explore": True,
                                   "refresh_s": 0.3, "cap": 4.0}  # a pNN needs the leader's samples first
     now = p.gateway.clock()
@@ -594,6 +595,7 @@ async def test_explain_names_the_leader_behind_a_learner(upstreams, proxy, capsy
     _, explained = await p.get("/v1/routes/chat/explain")
     assert (explained["hedge"]["leader"], explained["hedge"]["learner"], explained["hedge"]["delay_s"]) == (
         "b", "a", None)  # a, unmeasured, races b from the start: no timer is armed then
+    assert (explained["hedge"]["pays"], explained["hedge"]["refused"]) == ("free", None)  # its first measure
     assert await asyncio.to_thread(main, ["explain", "chat", "--url", p.url]) == 0
     assert "(a is to be measured beside b, free the first time, else on the budget: no timed hedge then)" \
         in capsys.readouterr().out
@@ -608,7 +610,7 @@ async def test_a_measure_that_fails_while_the_leader_serves_is_no_failover(upstr
     for _ in range(3):
         p.gateway.state.tracker.record(("b", "m"), 0.15, now)
     finished: list[Any] = []
-    p.gateway.observers.append(_Collect(finished))
+    p.gateway.outbox.observers.append(_Collect(finished))
     status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
     assert status == 200 and decision_of(headers).served == "b", headers["x-route-decision"]
     await until(lambda: bool(finished))
@@ -619,7 +621,7 @@ async def test_a_failing_pin_fails_over_unraced_and_still_earns_the_budget(upstr
     ups, p = await race_proxy(upstreams, proxy, {"a": status_handler(503), "b": Timed(first=0.01, text="from-b")},
                               hedge={"after": 0.05, "max_extra": 0.5})
     finished: list[Any] = []
-    p.gateway.observers.append(_Collect(finished))
+    p.gateway.outbox.observers.append(_Collect(finished))
     status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True},
                                          headers={"x-route-provider": "a"})
     d = decision_of(headers)

@@ -1,0 +1,317 @@
+"""The fleet link: this instance's state shared with the others' through Redis, off the request path.
+
+State's door hands every change to ``hear`` (a deque append: nothing awaits); a publisher task
+sends what gathered as one stream entry (at once when idle; under load, what came during the last
+send), a reader task blocks on the stream and folds in the other instances' entries, and the
+probe task claims the fleet's one half-open probe per target (``probes.py``). On start the
+stream's tail is folded in before the instance says it is ready (warm start).
+
+Redis down, slow, flushed or refusing: every command has a short timeout; the first failure
+drops the link (the instance goes on alone at once, its probes its own again), one line is
+logged per change, and the link reconnects with exponential backoff and full jitter, then
+catches up from the last entry it read. A flushed stream only means there is nothing to catch
+up on. Nothing private is written: names, figures and times (``wire.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+
+from ..config import Config, StateLink, TargetKey
+from ..state import State
+from .fold import Peers, fold
+from .probes import Probes
+from .wire import decode, dumps, encode, fleet_ids, stream_key
+
+__all__ = ["FleetLink", "instance_name"]
+
+log = logging.getLogger("firstbyte")
+
+TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
+BLOCK_MS = 500  # the reader's blocking read
+LOAD_SECS = 0.25  # in-flight counts are told this often while they change
+BATCH = 512  # events per stream entry at most
+OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
+STREAM_MAX = 20_000  # entries the stream keeps (approximately): the warm start's memory
+WARM_ENTRIES = 5_000  # entries folded in at start
+WARM_SECS = 1.5  # a start waits at most this long for Redis before going on alone
+BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
+NOT_YET = "not connected yet"
+
+
+_NAMES: dict[int, str] = {}  # pid -> this process's name (a forked worker gets its own)
+_LINKS = itertools.count()
+
+
+def instance_name() -> str:
+    """Who this process is in the fleet, in its log lines and its ledger rows: host and pid (or
+    ``FIRSTBYTE_INSTANCE``, a pod's name) and a few random digits, new at each start (a restart is
+    another instance: it folds in what its previous life published)."""
+    pid = os.getpid()
+    name = _NAMES.get(pid)
+    if name is None:
+        base = os.environ.get("FIRSTBYTE_INSTANCE") or f"{socket.gethostname()}-{pid}"
+        name = _NAMES[pid] = f"{base}-{os.urandom(2).hex()}"
+    return name
+
+
+def _link_name() -> str:
+    """The process's name for its first link; a second gateway in one process (tests) is another."""
+    n = next(_LINKS)
+    return instance_name() if n == 0 else f"{instance_name()}-{n}"
+
+
+class FleetLink:
+    def __init__(self, settings: StateLink, state: State, clock: Callable[[], float],
+                 instance: str | None = None) -> None:
+        assert settings.redis is not None
+        self.settings = settings
+        self.state = state
+        self.clock = clock
+        self.instance = instance or _link_name()
+        self.stream = stream_key(settings.fleet)
+        self.outbox: deque[tuple[tuple[Any, ...], float]] = deque()
+        self.fid_of: dict[TargetKey, str] = {}
+        self.keys_of: dict[str, list[TargetKey]] = {}
+        self.peers = Peers()
+        self.probes = Probes(self)
+        self.connected = False
+        self.since = time.time()  # in the fleet or alone since then
+        self.reason = NOT_YET
+        self.events_out = self.events_in = self.drops = self.reconnects = 0
+        self.lag = 0.0  # seconds from a peer's entry to its fold, the last one
+        self.last_id = "0-0"  # the newest entry read; a reconnect catches up from it
+        self._warmed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.redis: aioredis.Redis | None = None
+        self._reader: aioredis.Redis | None = None
+        self._loads: dict[str, int] = {}
+
+    def configure(self, config: Config) -> None:
+        """The fleet ids of the config in force (and, for each, the local targets it names)."""
+        self.fid_of = fleet_ids(config)
+        keys_of: dict[str, list[TargetKey]] = {}
+        for key, fid in self.fid_of.items():
+            keys_of.setdefault(fid, []).append(key)
+        self.keys_of = keys_of
+        self.probes.configure(config)
+
+    # -- the request path's side: one append ------------------------------------------------------
+
+    def hear(self, event: tuple[Any, ...]) -> None:
+        """State's listener: queue the change; the publisher sends it in the next batch."""
+        if len(self.outbox) >= OUTBOX:
+            self.outbox.popleft()
+            self.drops += 1
+        self.outbox.append((event, time.time()))
+        self.probes.heard(event)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def to_wall(self, mono: float) -> float:
+        return time.time() + (mono - self.clock())
+
+    def to_local(self, wall: float) -> float:
+        return self.clock() + (wall - time.time())
+
+    def fleet_in_flight(self, key: TargetKey) -> int:
+        """Calls the other instances have in flight at this target, as they last said."""
+        fid = self.fid_of.get(key)
+        return 0 if fid is None else self.peers.in_flight(fid, self.clock())
+
+    def status(self) -> dict[str, Any]:
+        return {"fleet": self.settings.fleet, "instance": self.instance,
+                "state": "in-fleet" if self.connected else "alone",
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
+                **({} if self.connected else {"reason": self.reason}),
+                "peers": sorted(i for i, (_, until) in self.peers.loads.items() if until > self.clock())}
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self, warm_secs: float = WARM_SECS) -> None:
+        """Connect and fold in the fleet's state, waiting at most ``warm_secs``: Redis unreachable
+        at start is not fatal, the instance starts alone and joins when it can."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="firstbyte-fleet")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(warm_secs):
+                await self._warmed.wait()
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=2.0)  # a client library that swallows a cancel holds no shutdown
+        self._alone("closed", log_it=False)
+        await self._disconnect()
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN
+        while True:
+            try:
+                await self._connect()
+                folded = await self._catch_up()
+                self._joined(folded)
+                backoff = BACKOFF_MIN
+                await self._serve()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._alone(_why(exc, self.settings))
+                await self._disconnect()
+            self._warmed.set()  # the start goes on, alone, after its first try
+            await asyncio.sleep(random.uniform(0, backoff))  # full jitter: a fleet does not reconnect in step
+            backoff = min(BACKOFF_MAX, backoff * 2)
+            self.reconnects += 1
+
+    async def _connect(self) -> None:
+        url, password = self.settings.redis, self.settings.password
+        assert url is not None
+        common: dict[str, Any] = {"password": password, "decode_responses": True, "socket_connect_timeout": TIMEOUT,
+                                  "retry_on_timeout": False, "health_check_interval": 0}
+        self.redis = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT, **common)
+        self._reader = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT + BLOCK_MS / 1000, **common)
+        await self.redis.ping()
+        await self._reader.ping()
+
+    async def _disconnect(self) -> None:
+        for client in (self.redis, self._reader):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+        self.redis = self._reader = None
+
+    async def _catch_up(self) -> int:
+        """The first time, the stream's tail (warm start); after a drop, what came since the last
+        entry read (XREAD from it, in the reader). Returns the events folded now."""
+        assert self.redis is not None
+        if self.last_id != "0-0":
+            return 0
+        entries: Any = await self.redis.xrevrange(self.stream, count=WARM_ENTRIES)
+        folded = 0
+        for entry_id, fields in reversed(entries):
+            folded += self._fold(entry_id, fields, warm=True)
+        if entries:
+            self.last_id = entries[0][0]
+        return folded
+
+    def _joined(self, folded: int) -> None:
+        self.connected = True
+        self.since = time.time()
+        self.state.set_gated(True)
+        self.state.listener = self.hear
+        self._warmed.set()
+        log.info("fleet %s: joined as %s via %s (%d events folded in)", self.settings.fleet, self.instance,
+                 self.settings.redis, folded)
+
+    def _alone(self, reason: str, log_it: bool = True) -> None:
+        """Off the link: go on from local state at once; one line when this changes something."""
+        was_connected, old_reason = self.connected, self.reason
+        self.connected = False
+        self.state.listener = None
+        self.state.set_gated(False)
+        self.probes.dropped()
+        self.outbox.clear()
+        self.reason = reason
+        first = old_reason == NOT_YET
+        if was_connected or first:  # one line per change: joined, left (a retry that fails says nothing)
+            self.since = time.time()
+            if log_it:
+                log.warning("fleet %s: %s; %s alone, reconnecting", self.settings.fleet, reason,
+                            "carrying on" if was_connected else "starting")
+        elif reason != old_reason:
+            log.debug("fleet %s: still alone: %s", self.settings.fleet, reason)
+
+    async def _serve(self) -> None:
+        tasks = [asyncio.create_task(coro) for coro in (self._publish(), self._read(), self.probes.run())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # raises what ended it
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- out and in ---------------------------------------------------------------------------------
+
+    async def _publish(self) -> None:
+        while True:
+            # No wait to gather a batch: an event goes at once, and what arrives while one entry is
+            # being sent goes in the next (batches grow with the load, not with a timer).
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
+                async with asyncio.timeout(LOAD_SECS):
+                    await self._wake.wait()
+            self._wake.clear()
+            self._tell_loads()
+            while self.outbox:
+                n = min(len(self.outbox), BATCH)
+                batch = [self.outbox.popleft() for _ in range(n)]
+                wires = encode(batch, self.fid_of, self.to_wall)
+                if wires:
+                    assert self.redis is not None
+                    try:
+                        await self.redis.xadd(self.stream, {"i": self.instance, "e": dumps(wires)},
+                                              maxlen=STREAM_MAX, approximate=True)
+                    except BaseException:
+                        self.drops += n
+                        raise
+                self.events_out += n
+
+    def _tell_loads(self) -> None:
+        """This instance's calls in flight per fleet id, when they changed."""
+        loads: dict[str, int] = {}
+        for key, ts in self.state.targets.items():
+            fid = self.fid_of.get(key)
+            if fid is not None and ts.in_flight:
+                loads[fid] = loads.get(fid, 0) + ts.in_flight
+        if loads != self._loads:
+            self._loads = loads
+            self.outbox.append((("n", loads), time.time()))
+
+    async def _read(self) -> None:
+        reader = self._reader
+        assert reader is not None
+        while True:
+            reply: Any = await reader.xread({self.stream: self.last_id}, block=BLOCK_MS, count=BATCH)
+            for _stream, entries in reply or ():
+                for entry_id, fields in entries:
+                    self.last_id = entry_id
+                    self._fold(entry_id, fields)
+
+    def _fold(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> int:
+        instance = fields.get("i", "")
+        if instance == self.instance:
+            return 0  # our own: applied when it happened
+        wires = decode(fields.get("e", "[]"))
+        applied = fold(self.state, instance, wires, self.keys_of, self.clock(), self.to_local, self.peers)
+        self.events_in += len(wires)
+        if not warm:
+            with contextlib.suppress(ValueError):
+                self.lag = max(0.0, time.time() - int(entry_id.split("-")[0]) / 1000)
+        return applied
+
+
+def _why(exc: BaseException, settings: StateLink) -> str:
+    """One line a person can act on, never the password."""
+    if isinstance(exc, AuthenticationError) or (isinstance(exc, ResponseError) and "NOAUTH" in str(exc)):
+        where = f"${settings.password_env}" if settings.password_env else "no password (state.password_env unset)"
+        return f"Redis refused the password ({where}): {exc}"
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return f"Redis at {settings.redis} did not answer within {TIMEOUT}s"
+    if isinstance(exc, RedisError | OSError):
+        return f"Redis at {settings.redis} unreachable: {exc}"
+    return f"fleet link failed: {type(exc).__name__}: {exc}"

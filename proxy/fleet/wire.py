@@ -1,0 +1,86 @@
+"""What the fleet's instances tell each other, as it travels through Redis. Pure: no I/O.
+
+A target is named fleet-wide by what it is, not by a file's local name: its provider's address
+and the upstream model (``fleet_id``), so two instances whose files name the same upstream
+differently share what they learn of it. Times travel as wall-clock seconds (``time.time()``),
+never a process's monotonic clock: a receiver turns them back into its own clock, so a skew
+between two boxes shifts a deadline by that skew (docs/adr/0016).
+
+A batch is one stream entry: ``{"i": instance, "e": JSON list of events}``. Events carry names,
+figures and times only: never a prompt, an answer or a key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from ..config import Config, TargetKey
+
+__all__ = ["claim_key", "decode", "encode", "fleet_ids", "stream_key"]
+
+Wire = list[Any]  # one event as it travels: [kind, fleet id, ...]
+
+
+def fleet_ids(config: Config) -> dict[TargetKey, str]:
+    """Every target's fleet-wide name: ``base_url|model`` (a simulated provider has no address:
+    ``simulated:NAME|model``, so simulated twins share only under one name)."""
+    out: dict[TargetKey, str] = {}
+    for key in config.target_keys():
+        provider = config.providers[key[0]]
+        where = provider.base_url if provider.kind != "simulated" and provider.base_url else f"simulated:{key[0]}"
+        out[key] = f"{where}|{key[1]}"
+    return out
+
+
+def stream_key(fleet: str) -> str:
+    return f"firstbyte:{fleet}:events"
+
+
+def claim_key(fleet: str, fid: str) -> str:
+    """The fleet's half-open probe claim of one target (SET NX PX)."""
+    return f"firstbyte:{fleet}:probe:{fid}"
+
+
+def encode(events: Iterable[tuple[tuple[Any, ...], float]], fid_of: Mapping[TargetKey, str],
+           to_wall: Callable[[float], float]) -> list[Wire]:
+    """State events (with the wall time each happened) in their travelling form; monotonic deadlines
+    become wall-clock ones. Events of targets the fleet cannot name are left out."""
+    out: list[Wire] = []
+    for event, at in events:
+        kind = event[0]
+        if kind == "n":  # this instance's calls in flight per fleet id
+            out.append(["n", event[1], at])
+            continue
+        fid = fid_of.get(event[1])
+        if fid is None or kind == "p":
+            continue
+        if kind in ("s", "c"):
+            out.append([kind, fid, event[2], round(event[3], 6), at])
+        elif kind == "f":
+            out.append(["f", fid, str(event[2]), event[3], event[4]])
+        elif kind == "o":
+            out.append(["o", fid, to_wall(event[2]), event[3]])
+        elif kind == "r":
+            out.append(["r", fid, to_wall(event[2])])
+    return out
+
+
+def dumps(wires: list[Wire]) -> bytes:
+    return orjson.dumps(wires)
+
+
+def decode(payload: str | bytes) -> list[Wire]:
+    """A batch back into events; anything malformed is dropped whole (a peer of another version)."""
+    try:
+        events = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return []
+    if not isinstance(events, list):
+        return []
+    return [e for e in events if isinstance(e, list) and len(e) >= 2 and e[0] in _ARITY and len(e) == _ARITY[e[0]]]
+
+
+_ARITY = {"s": 5, "c": 5, "f": 5, "o": 4, "r": 3, "n": 3}

@@ -1,0 +1,200 @@
+"""The fleet link in process: two or three gateways on loopback sharing one real redis-server.
+
+Fast checks of what the link does (fleet-wide failures, the breaker's spread, one probe, samples
+shared by fleet id, Redis killed and back, a wrong password); ``test_fleet_processes.py`` runs the
+same fleet as real ``firstbyte serve`` processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from ..conftest import Proxy, chat_body, openai_provider, status_handler
+from ..redis_server import PASSWORD, RedisServer
+
+PATH = "/v1/chat/completions"
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+ENV = {"FLEET_PASSWORD": PASSWORD}
+
+
+def fleet_config(redis: RedisServer, fleet: str, urls: dict[str, str], failures: int = 3,
+                 secs: float = 30.0, password_env: str | None = "FLEET_PASSWORD") -> dict[str, Any]:
+    """One ordered route over the named upstreams, in the fleet ``fleet``."""
+    state: dict[str, Any] = {"redis": redis.url, "fleet": fleet}
+    if password_env:
+        state["password_env"] = password_env
+    return {
+        "state": state,
+        "providers": {name: openai_provider(url, timeouts={"connect": 1, "first_chunk": 2})
+                      for name, url in urls.items()},
+        "routes": {"chat": {"strategy": "ordered", "cooldown": {"failures": failures, "secs": secs},
+                            "targets": [{"provider": name, "model": "m"} for name in urls]}},
+    }
+
+
+async def until(predicate: Callable[[], bool], secs: float = 5.0) -> float:
+    """Wait for ``predicate``; returns how long it took."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < secs, "not within the bound"
+        await asyncio.sleep(0.002)
+    return time.monotonic() - start
+
+
+def counting(handler: Any) -> tuple[list[int], Any]:
+    calls: list[int] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        calls.append(1)
+        return await handler(request)
+
+    return calls, handle
+
+
+async def ok(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    return web.json_response(chat_body("fine"))
+
+
+async def fleet_of(n: int, proxy: Any, raw: dict[str, Any]) -> list[Proxy]:
+    ps = [await proxy(raw, ENV) for _ in range(n)]
+    for p in ps:
+        assert p.gateway.fleet is not None
+        await until(lambda p=p: p.gateway.fleet.connected)
+    return ps
+
+
+async def post(session: aiohttp.ClientSession, p: Proxy) -> int:
+    async with session.post(p.url + PATH, json=CHAT) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def test_failures_are_counted_fleet_wide_and_the_breaker_spreads(redis_server, upstreams, proxy) -> None:
+    calls, failing = counting(status_handler(503))
+    bad = await upstreams({PATH: failing})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(3, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url}))
+    async with aiohttp.ClientSession() as session:
+        for p in itertools.islice(itertools.cycle(ps), 12):  # round robin, one call at a time
+            assert await post(session, p) == 200
+            await asyncio.sleep(0.02)  # a client's pace; the fleet's news takes a few ms
+    assert len(calls) == 3  # threshold in all, not 3 per instance
+    for p in ps:
+        assert p.gateway.state.health(("bad", "m"), p.gateway.clock()).state == "open"
+
+
+async def test_a_breaker_opened_on_one_excludes_on_the_others_within_100ms(redis_server, upstreams, proxy) -> None:
+    bad = await upstreams({PATH: status_handler(503)})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(3, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url}, failures=1))
+    key = ("bad", "m")
+    async with aiohttp.ClientSession() as session:
+        start = time.monotonic()
+        assert await post(session, ps[0]) == 200  # its one failure opens the breaker there
+        for p in ps[1:]:
+            await until(lambda p=p: not p.gateway.state.health(key, p.gateway.clock()).usable, 0.1 + (
+                time.monotonic() - start))
+    # the same opening, not a second one counted here
+    assert {p.gateway.state.targets[key].breaker.failures for p in ps} == {1}
+
+
+async def test_one_probe_for_the_whole_fleet(redis_server, upstreams, proxy) -> None:
+    calls, failing = counting(status_handler(503))
+    bad = await upstreams({PATH: failing})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(3, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url},
+                                               failures=1, secs=1.0))
+    async with aiohttp.ClientSession() as session:
+        assert await post(session, ps[0]) == 200
+        assert len(calls) == 1
+        await asyncio.sleep(1.3)  # the cooldown is over everywhere: one instance holds the claim
+        for _ in range(4):  # every instance gets requests while the target is half-open
+            await asyncio.gather(*(post(session, p) for p in ps))
+    # the first failure and one probe (it failed: the cooldown doubled to 2 s, longer than the rounds)
+    assert len(calls) == 2
+
+
+async def test_a_target_measured_by_one_is_measured_for_all_under_any_name(redis_server, upstreams, proxy) -> None:
+    up = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    a = (await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"groq": up.url})))[0]
+    b = (await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"fast-one": up.url})))[0]
+    async with aiohttp.ClientSession() as session:
+        assert await post(session, a) == 200
+    await until(lambda: b.gateway.state.tracker.samples(("fast-one", "m"), "buffered") == 1, 1.0)
+    assert b.gateway.state.tracker.samples(("fast-one", "m"), "streamed") == 0  # one series per mode
+
+
+async def test_redis_down_fails_open_and_the_fleet_rejoins(own_redis, upstreams, proxy) -> None:
+    up = await upstreams({PATH: ok})
+    ps = await fleet_of(2, proxy, fleet_config(own_redis, "down", {"up": up.url}))
+    own_redis.kill()
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        statuses = [await post(session, p) for p in ps for _ in range(5)]
+        assert statuses == [200] * 10 and time.monotonic() - started < 2.0  # nobody waits for Redis
+        for p in ps:
+            await until(lambda p=p: not p.gateway.fleet.connected, 2.0)
+            status = (await p.get("/v1/health"))[1]["fleet"]
+            assert status["state"] == "alone" and "unreachable" in status["reason"]
+        own_redis.start()  # back, empty (persistence off): as good as flushed
+        for p in ps:
+            await until(lambda p=p: p.gateway.fleet.connected, 8.0)
+        assert await post(session, ps[0]) == 200
+    # its own five, then the one ps[0] took after the rejoin (what each learnt alone stayed its own)
+    await until(lambda: ps[1].gateway.state.tracker.samples(("up", "m"), "buffered") == 6, 2.0)
+
+
+async def test_a_wrong_password_starts_alone_and_says_why(redis_server, upstreams, proxy) -> None:
+    up = await upstreams({PATH: ok})
+    p = await proxy(fleet_config(redis_server, "pw", {"up": up.url}), {"FLEET_PASSWORD": "not-it"})
+    assert p.gateway.fleet is not None and not p.gateway.fleet.connected
+    status = (await p.get("/v1/health"))[1]["fleet"]
+    assert status["state"] == "alone" and "$FLEET_PASSWORD" in status["reason"] and "not-it" not in status["reason"]
+    async with aiohttp.ClientSession() as session:
+        assert await post(session, p) == 200
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param({}, id="no-state-section"),
+])
+async def test_without_redis_there_is_no_link(config: dict[str, Any], upstreams, proxy) -> None:
+    up = await upstreams({PATH: ok})
+    p = await proxy({"providers": {"up": openai_provider(up.url)},
+                     "routes": {"chat": {"targets": [{"provider": "up", "model": "m"}]}}, **config})
+    assert p.gateway.fleet is None and p.gateway.state.listener is None
+    assert (await p.get("/v1/health"))[1]["fleet"] == {"state": "off"}
+
+
+async def test_a_slow_redis_costs_requests_nothing(own_redis, upstreams, proxy) -> None:
+    """Redis stalls (DEBUG SLEEP): the link times out and goes alone; requests never notice."""
+    import redis as sync_redis
+
+    up = await upstreams({PATH: ok})
+    ps = await fleet_of(2, proxy, fleet_config(own_redis, "slow", {"up": up.url}))
+    stall = asyncio.get_running_loop().run_in_executor(None, lambda: sync_redis.Redis(
+        port=own_redis.port, password=PASSWORD).execute_command("DEBUG", "SLEEP", "2"))
+    await asyncio.sleep(0.1)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(10):
+            started = time.monotonic()
+            assert await post(session, ps[0]) == 200
+            assert time.monotonic() - started < 0.25  # no request waits on the stalled Redis
+            await asyncio.sleep(0.1)
+    await stall
+    assert ps[0].gateway.fleet is not None
+    await until(lambda: ps[0].gateway.fleet.connected and ps[1].gateway.fleet.connected, 8.0)
+    assert ps[0].gateway.fleet.reconnects >= 1  # it went alone meanwhile, and came back
