@@ -12,8 +12,8 @@ traceback in firstbyte's log and its open fds and RSS back at baseline
 (read from ``/proc/PID`` after a warm-up of the same mix). Its figures go to ``bench-results/fault-drill.txt``
 and to the pytest terminal summary.
 
-Bounded: each test has a timeout; the soak alone took 78-107 s on a shared 2-core machine under load
-(load average 7), hence its 150 s bound.
+Bounded: each test has a timeout; the soak alone took 78-158 s on a shared 2-core machine under load
+(load average 7-15), hence its 240 s bound.
 """
 
 from __future__ import annotations
@@ -522,6 +522,8 @@ while not select.select([sys.stdin], [], [], 0)[0]:  # until the drill closes ou
         assert data, "firstbyte closed the probe's connection"
         seen += data
     times.append(time.monotonic() - t0)
+    if len(times) == 1:
+        print("ready", flush=True)  # the drill starts its fault once the probe is asking
     time.sleep(0.02)
 times.sort()
 print(times[-1], times[int(len(times) * 0.99)] if times else 0.0, len(times))
@@ -544,6 +546,10 @@ class HealthProbe:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _PROBE, self.host, self.port,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        assert self._proc.stdout is not None
+        # A loaded machine can take longer to start the probe than a fault takes to run: wait for its first ask.
+        ready = await asyncio.wait_for(self._proc.stdout.readline(), 10)
+        assert ready == b"ready\n", ready
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -948,7 +954,7 @@ class ClientAttacks:
         assert got["idle fill evicted"] > 0
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)  # a runaway bound, not a goal: 78-158 s at load average 7-15 on the shared 2-core box
 async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> None:
     """10,000 requests, random faults at random moments, random client departures: nothing leaks."""
     up, fb = drill
