@@ -50,6 +50,7 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from ..config import Connections
+from ..internals import Internals, checked
 from ..sockets import reset, unsent
 from .dialect import OPENAI, error_bytes
 from .request import BodyTimeout
@@ -368,18 +369,24 @@ class _GuardedServer(web.Server):
 class GuardedRunner(web.AppRunner):
     """An AppRunner whose connections are kept by ``guard`` (keep-alive from its limits)."""
 
-    def __init__(self, app: web.Application, guard: Guard, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, guard: Guard, internals: Internals | None = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("keepalive_timeout", guard.limits.keepalive_timeout)
         super().__init__(app, **kwargs)
         self.guard = guard
+        self.internals = internals  # None: the installed aiohttp's, checked at setup
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
+        if self.internals is not None and self.internals.server:
+            return server  # aiohttp's internals moved: its own protocols, without the guard
         server.__class__ = _GuardedServer  # the same object; only its protocol factory differs
         server.guard = self.guard  # type: ignore[attr-defined]
         return server
 
     async def setup(self) -> None:
+        if self.internals is None:
+            self.internals = await checked()
         await super().setup()
         self.guard.start()
 

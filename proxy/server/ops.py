@@ -80,7 +80,8 @@ async def health(request: web.Request) -> web.Response:
     """Every target of every route: figures per mode, breaker, failures, in flight, read from the
     state's snapshot like the metrics scrape."""
     gw = request.app[GATEWAY]
-    return json_response({"fleet": _fleet(gw), "targets": health_rows(gw)})
+    internals = gw.internals.health() if gw.internals is not None else None  # its internals used, or the fallback
+    return json_response({"fleet": _fleet(gw), "targets": health_rows(gw), "aiohttp": internals})
 
 
 def health_rows(gw: Gateway) -> list[dict[str, Any]]:

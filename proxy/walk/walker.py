@@ -186,6 +186,8 @@ class Walker:
     def _backoff(self, n: int) -> float:
         return self.rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n))
 
+    # kept whole: a coroutine of its own for the send step is one more frame on every resume of the
+    # request's task, measured with callgrind (the docstring; docs/history/2026-12-03.md)
     async def _attempt(self, trail: Trail, aim: _Aim) -> Outcome | None:
         """One try: admit, send, settle. None when the walk is over (commit or client error),
         else the failure. The slot goes back here, unless a lease took it.
