@@ -16,12 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from yarl import URL
-
 from ..errors import ConfigError
 from .credentials import HEADER_SAFE, provider_key
 from .document import read_yaml
-from .fields import Flag, Num, Reader, Spec, Text, default, fill, key_of, section, show
+from .fields import Flag, Num, Reader, Spec, Text, default, fill, key_of, parsed_url, section, show
 from .model import (
     DEFAULT_STRATEGY,
     KINDS,
@@ -296,13 +294,9 @@ def _url_problem(url: str) -> str | None:
         return "must start with http:// or https://"
     if not HEADER_SAFE.fullmatch(url) or " " in url:
         return "must be printable ASCII without spaces"
-    try:
-        parsed = URL(url)
-        parsed.port  # noqa: B018 - a port out of range raises here
-    except ValueError as exc:
-        return f"is not a URL ({exc})"
-    if not parsed.host:
-        return "has no host"
+    parsed = parsed_url(url)
+    if isinstance(parsed, str):
+        return parsed
     if parsed.user is not None or parsed.password is not None:
         return "must not hold credentials (name the key's variable in api_key_env)"
     if parsed.query_string or parsed.fragment:
