@@ -92,15 +92,37 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from .service import Service, run
+def _workers(args: argparse.Namespace, config: Config) -> int:
+    """How many workers: ``--workers`` over the file's ``workers``; checked like the file."""
+    from .config.workers import needs_redis, parse_workers
 
+    if args.workers is None:
+        return config.workers
+    count = parse_workers(args.workers)
+    if isinstance(count, str):
+        raise CliError(f"firstbyte serve: --workers: {count}")
+    if count > 1 and config.state.redis is None:
+        raise CliError(f"firstbyte serve: --workers: {needs_redis(count)}")
+    return count
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .box import Box
+    from .service import Service, run
+    from .supervisor import PARENT_ENV, Supervisor, follow_parent
+
+    if args.worker is not None and PARENT_ENV in os.environ:
+        follow_parent(int(os.environ[PARENT_ENV]))
     config = _load(args)
     if config is None:
         return 1
+    workers = 1 if args.worker is not None else _workers(args, config)
 
     async def main() -> int:
-        return await Service(args.config, config, args.listen).serve()
+        if workers > 1:
+            return await Supervisor(args.config, config, args.listen, workers, args.log_level).serve()
+        box = Box.from_env(args.worker) if args.worker is not None else None
+        return await Service(args.config, config, args.listen, box).serve()
 
     try:
         return run(main)
@@ -266,6 +288,9 @@ def parser() -> argparse.ArgumentParser:
                  "Serves the routes of the file on its listen address (SIGHUP reloads the file, SIGTERM drains).")
     s.add_argument("--config", default="routes.yaml", help="the routes file")
     s.add_argument("--listen", default=None, help="HOST:PORT; overrides the file's listen")
+    s.add_argument("--workers", default=None, help="processes on the listen address (N or auto); overrides "
+                   "the file's workers")
+    s.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by the supervisor
     s.set_defaults(fn=cmd_serve)
 
     c = _command(sub, "check", "validate a routes file and print the plan",
