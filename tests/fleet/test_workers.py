@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -130,3 +132,93 @@ async def test_metrics_read_twenty_times_give_the_same_totals_whichever_worker_a
     assert all(totals(s) == first for s in scrapes)
     checked = subprocess.run([promtool(), "check", "metrics"], input=scrapes[-1], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def worker_pids(box: Box) -> dict[int, list[int]]:
+    """Each worker slot's processes in the order the supervisor started them."""
+    pids: dict[int, list[int]] = {}
+    for index, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", box.log.read_text(errors="replace")):
+        pids.setdefault(int(index), []).append(int(pid))
+    return pids
+
+
+async def models(box: Box) -> set[str]:
+    status, text = await fresh(box, "/v1/models")
+    assert status == 200
+    return {m["id"] for m in orjson.loads(text)["data"]}
+
+
+async def test_sighup_a_good_file_reaches_every_worker_and_a_bad_one_none(redis_server, upstreams, boxes) -> None:
+    _, ok = answering()
+    box = await boxes(box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}))
+    routes = orjson.loads((box.dir / "routes.json").read_bytes())["routes"]
+    box.rewrite({"routes": {**routes, "chat2": routes["chat"]}})
+    assert box.proc is not None
+    box.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while box.log.read_text().count("reloaded ") < 2:  # one line per worker
+        assert time.monotonic() < deadline, box.log.read_text()
+        await asyncio.sleep(0.05)
+    assert all(["chat2" in await models(box) for _ in range(20)])  # whichever worker answers
+    box.rewrite({"workers": "many"})
+    box.proc.send_signal(signal.SIGHUP)
+    while "reload refused" not in box.log.read_text():
+        assert time.monotonic() < deadline, box.log.read_text()
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    log = box.stop()
+    assert log.count("reload refused") == 1 and log.count("workers: expected a whole number") == 1
+    assert "every worker keeps the running config" in log and log.count("reloaded ") == 2
+
+
+async def test_sigterm_drains_both_workers(redis_server, upstreams, boxes) -> None:
+    calls, slow = answering(delay=1.0)
+    box = await boxes(box_config(redis_server, {"up": (await upstreams({PATH: slow})).url}))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        load = asyncio.gather(*(call(session, box) for _ in range(12)))
+        while len(calls) < 12:
+            await asyncio.sleep(0.01)
+        assert box.proc is not None
+        box.proc.send_signal(signal.SIGTERM)
+        assert await load == [200] * 12  # in flight on both workers: each drained its own
+    assert box.proc.wait(15) == 0
+    served = [ln for ln in box.access_log.read_text().splitlines() if "path=/v1/chat/completions" in ln]
+    assert len({re.search(r" instance=(\S+) ", ln).group(1) for ln in served}) == 2  # type: ignore[union-attr]
+    assert box.log.read_text().count("draining: requests in flight get") == 2
+
+
+async def test_a_killed_worker_is_replaced_within_a_second_and_starts_warm(redis_server, upstreams, boxes) -> None:
+    _, ok = answering(0.005)
+    box = await boxes(box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}))
+    statuses: list[int | str] = []
+
+    async def client(n: int) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            for _ in range(n):
+                try:
+                    statuses.append(await call(session, box))
+                except aiohttp.ClientError as exc:
+                    statuses.append(type(exc).__name__)
+
+    load = asyncio.gather(*(client(40) for _ in range(4)))
+    await asyncio.sleep(1.0)
+    victim = worker_pids(box)[0][0]
+    os.kill(victim, signal.SIGKILL)  # mid-load
+    killed = time.monotonic()
+    while len(worker_pids(box)[0]) < 2:
+        assert time.monotonic() - killed < 1.0, "no new worker within a second"
+        await asyncio.sleep(0.01)
+    await load
+    cut = [s for s in statuses if s != 200]
+    assert len(cut) <= 4 and statuses.count(200) >= 156  # only the clients on the killed worker saw an end
+    assert f"worker 0 (pid {victim}) killed by SIGKILL" in box.log.read_text()
+    deadline = time.monotonic() + 40
+    while box.log.read_text().count("listening on http") < 3:  # the new worker listens
+        assert time.monotonic() < deadline, box.log.read_text()
+        await asyncio.sleep(0.05)
+    for _ in range(40):  # the new worker's first look: the samples the fleet already had
+        _, health = await fresh(box, "/v1/health")
+        if health["fleet"]["instance"].split("-")[1] == str(worker_pids(box)[0][1]):
+            assert target(health, "up")["buffered"]["samples"] > 0
+            return
+    raise AssertionError("the new worker never answered")
