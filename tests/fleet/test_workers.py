@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,11 +28,14 @@ from .test_fleet_processes import PATH, ROOT, Instance, answering, call, config,
 class Box(Instance):
     """A supervised box: ready when the supervisor says every worker listens."""
 
+    env: dict[str, str] = {}  # a test's extra environment (systemd's), set before start
+
     async def start(self) -> Box:  # type: ignore[override]
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.dir / "routes.json")],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "FLEET_PASSWORD": self.password})
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "FLEET_PASSWORD": self.password, **self.env})
         deadline = time.monotonic() + 40  # two interpreters importing firstbyte on a busy machine
         while "workers listening on" not in self.log.read_text(errors="replace"):
             assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
@@ -222,3 +226,35 @@ async def test_a_killed_worker_is_replaced_within_a_second_and_starts_warm(redis
             assert target(health, "up")["buffered"]["samples"] > 0
             return
     raise AssertionError("the new worker never answered")
+
+
+async def test_systemd_hears_the_box_from_the_supervisor(redis_server, upstreams, tmp_path: Path) -> None:
+    _, ok = answering()
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(60)
+    box = Box(tmp_path, box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}))
+    box.env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"}
+    heard: list[str] = []
+
+    def hear_until(field: str) -> None:
+        while field not in heard:
+            heard.extend(notify.recv(4096).decode().split("\n"))
+
+    try:
+        await box.start()
+        await asyncio.to_thread(hear_until, "READY=1")  # once both listen: no worker's own READY reaches here
+        assert "2 workers listening on" in box.log.read_text()
+        await asyncio.to_thread(hear_until, "WATCHDOG=1")
+        assert any(f.startswith("STATUS=2 of 2 workers alive") for f in heard)
+        assert box.proc is not None
+        box.proc.send_signal(signal.SIGHUP)
+        heard.clear()
+        await asyncio.to_thread(hear_until, "READY=1")
+        assert heard[0] == "RELOADING=1" and heard[1].startswith("MONOTONIC_USEC=")
+        os.kill(worker_pids(box)[1][0], signal.SIGKILL)
+        heard.clear()
+        await asyncio.to_thread(hear_until, "STATUS=1 of 2 workers alive on " + box.url[7:] + "; 0 restarted")
+    finally:
+        box.stop()
+        notify.close()
