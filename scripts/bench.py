@@ -143,13 +143,13 @@ FB_PID: int | None = None  # firstbyte's process (the supervisor with --workers)
 REDIS: str | None = None  # --redis: the firstbyte processes run as a fleet of one on this Redis
 
 
-def firstbyte_config(port: int, upstream: int, otlp: str | None = None) -> dict[str, Any]:
+def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: float = 1.0) -> dict[str, Any]:
     """Route ``one`` (one target) and ``five`` (five providers), both ``fastest`` with ``hedge`` on (as
     routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``;
-    with ``otlp``, every request traced to that collector."""
+    with ``otlp``, requests traced to that collector (``sample`` of them, every one by default)."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
     return {
-        **({"tracing": {"otlp": otlp, "sample": 1.0}} if otlp else {}),
+        **({"tracing": {"otlp": otlp, "sample": sample}} if otlp else {}),
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
         **({"state": {"redis": REDIS, "fleet": f"bench-{port}"}} if REDIS else {}),

@@ -141,33 +141,7 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
         async with aiohttp.ClientSession() as session:
             for url in urls:
                 await ready(session, url)
-            await round_robin(session, urls, "cold", args.concurrency, args.cold, lambda: False)
-            measuring = ups.calls["slow"]
-            ups.failing = True
-            opened: set[str] = set()
-
-            async def watch() -> None:
-                while len(opened) < len(urls):
-                    for url in urls:
-                        async with session.get(url + "/v1/health") as resp:
-                            rows = (await resp.json())["targets"]
-                        if any(r["route"] == "chat" and r["target"] == "bad" and r["breaker"] != "closed"
-                               for r in rows):
-                            opened.add(url)
-                    await asyncio.sleep(0.005)
-
-            watcher = asyncio.create_task(watch())
-            started = time.monotonic()
-            sent = await round_robin(session, urls, "chat", args.concurrency, args.max_requests,
-                                     lambda: len(opened) == len(urls))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(watcher, 2.0)
-            return {"mode": "alone" if args.alone else "fleet", "instances": args.instances,
-                    "threshold": args.threshold, "concurrency": args.concurrency,
-                    "measuring_calls_after_cold_start": measuring,
-                    "failed_calls_before_all_excluded": ups.calls["bad"],
-                    "requests_sent": sent, "all_excluded": len(opened) == len(urls),
-                    "seconds": round(time.monotonic() - started, 3)}
+            return await measure(args, session, ups, urls)
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -176,6 +150,35 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
                 proc.wait(10)
         await runner.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def measure(args: argparse.Namespace, session: aiohttp.ClientSession, ups: Upstreams,
+                  urls: list[str]) -> dict[str, Any]:
+    """The cold start, then the failing target until every instance has excluded it."""
+    await round_robin(session, urls, "cold", args.concurrency, args.cold, lambda: False)
+    measuring = ups.calls["slow"]
+    ups.failing = True
+    opened: set[str] = set()
+
+    async def watch() -> None:
+        while len(opened) < len(urls):
+            for url in urls:
+                async with session.get(url + "/v1/health") as resp:
+                    rows = (await resp.json())["targets"]
+                if any(r["route"] == "chat" and r["target"] == "bad" and r["breaker"] != "closed" for r in rows):
+                    opened.add(url)
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    started = time.monotonic()
+    sent = await round_robin(session, urls, "chat", args.concurrency, args.max_requests,
+                             lambda: len(opened) == len(urls))
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(watcher, 2.0)
+    return {"mode": "alone" if args.alone else "fleet", "instances": args.instances, "threshold": args.threshold,
+            "concurrency": args.concurrency, "measuring_calls_after_cold_start": measuring,
+            "failed_calls_before_all_excluded": ups.calls["bad"], "requests_sent": sent,
+            "all_excluded": len(opened) == len(urls), "seconds": round(time.monotonic() - started, 3)}
 
 
 def main() -> None:

@@ -77,6 +77,7 @@ def main() -> int:
                    help="another firstbyte whose proxy package is in DIR")
     p.add_argument("--see", action="store_true", help="add firstbyte-see: tracing on and the status page polled, "
                    "and firstbyte-traces: tracing on alone")
+    p.add_argument("--see-sample", type=float, default=1.0, help="tracing.sample for the --see versions")
     p.add_argument("--unhedged", nargs="*", default=[], metavar="NAME",
                    help="versions whose routes leave out hedge (code from before it knows no such key); "
                         "'firstbyte-unhedged' adds this code without it")
@@ -109,7 +110,7 @@ def main() -> int:
                 port = bench.free_port()
                 config_path = tmp / f"{name}.json"  # JSON is YAML
                 seeing = bench.Seeing() if name in ("firstbyte-see", "firstbyte-traces") else None
-                config = bench.firstbyte_config(port, sim, seeing.otlp if seeing else None)
+                config = bench.firstbyte_config(port, sim, seeing.otlp if seeing else None, args.see_sample)
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")

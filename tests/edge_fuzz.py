@@ -250,7 +250,8 @@ _JUNK: tuple[Any, ...] = (
 _FIELDS = ("model", "messages", "stream", "stream_options", "tools", "tool_choice", "stop", "n", "max_tokens",
            "max_completion_tokens", "max_output_tokens", "temperature", "top_p", "user", "response_format",
            "input", "instructions", "system", "metadata", "stop_sequences", "prompt", "text", "reasoning",
-           "parallel_tool_calls", "safety_identifier", "previous_response_id", "truncation")
+           "parallel_tool_calls", "safety_identifier", "previous_response_id", "truncation", "output_config",
+           "output_format", "presence_penalty", "frequency_penalty", "prompt_cache_key")
 _ROUTE_HEADERS = (b"sim", b"oai", b"claude", b"\xff\xfe", b"caf\xc3\xa9", b"x\x80y", b"a" * 300, b"native")
 
 

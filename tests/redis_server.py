@@ -43,7 +43,8 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--protected-mode", "no", "--loglevel", "warning"]
+                "--dir", str(self.workdir), "--protected-mode", "no", "--loglevel", "warning",
+                "--enable-debug-command", "local"]  # DEBUG SLEEP: a stalled Redis, for real
         if self.password:
             args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

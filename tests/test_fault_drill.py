@@ -12,8 +12,8 @@ traceback in firstbyte's log and its open fds and RSS back at baseline
 (read from ``/proc/PID`` after a warm-up of the same mix). Its figures go to ``bench-results/fault-drill.txt``
 and to the pytest terminal summary.
 
-Bounded: each test has a timeout; the soak alone took 78-107 s on a shared 2-core machine under load
-(load average 7), hence its 150 s bound.
+Bounded: each test has a timeout; the soak alone took 78-158 s on a shared 2-core machine under load
+(load average 7-15), hence its 240 s bound.
 """
 
 from __future__ import annotations
@@ -948,7 +948,7 @@ class ClientAttacks:
         assert got["idle fill evicted"] > 0
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)  # a runaway bound, not a goal: 78-158 s at load average 7-15 on the shared 2-core box
 async def test_soak_of_random_faults(drill: tuple[FaultUpstream, Firstbyte]) -> None:
     """10,000 requests, random faults at random moments, random client departures: nothing leaks."""
     up, fb = drill

@@ -291,5 +291,5 @@ async def test_a_client_reading_slowly_is_not_cut_by_the_send_timeout(upstreams,
         received += len(data)
         await asyncio.sleep(0.02)
     writer.close()
-    assert p.gateway.guards[0].closed["send_timeout"] == 0
+    assert p.guards[0].closed["send_timeout"] == 0
     assert received > 200_000

@@ -16,6 +16,8 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
+from proxy.upstream.http1 import QUIET
+
 from .conftest import chunk_event, openai_provider, route_config, sse
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -82,6 +84,7 @@ async def test_the_client_has_its_answer_before_the_upstream_ends_and_the_connec
     assert p.gateway.state.target(KEY).in_flight == 1
     upstream_may_end.set()
     await released(p)
+    await asyncio.sleep(QUIET)  # a released connection is reused once it has been quiet (docs/adr/0015)
 
     assert (await read_whole(p.url)).endswith(b"data: [DONE]\n\n")
     await released(p)

@@ -1,4 +1,9 @@
-"""Provider adapters, by kind: the only code that knows a provider's wire format, and the registry of kinds."""
+"""Provider adapters, by kind, and the registry of kinds: what to build and read for each provider.
+
+An adapter knows its provider's wire format and puts the translators of ``translate/`` together for
+each client operation; the ``*_via_chat`` adapters serve ``/v1/messages`` and ``/v1/responses`` through a
+kind's chat API. A kind served in process (``simulated``) registers its transport here too.
+"""
 
 from __future__ import annotations
 

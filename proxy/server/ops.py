@@ -122,16 +122,19 @@ def _fleet_in_flight(gw: Gateway, key: Any) -> dict[str, int]:
     return {} if gw.fleet is None else {"fleet_in_flight": gw.fleet.fleet_in_flight(key)}
 
 
+def _unknown_route(name: str, routes: Any) -> web.Response:
+    known = ", ".join(routes) or "none"
+    body = error_body(f"No route '{name}' (routes: {known}).", "invalid_request_error", code="model_not_found")
+    return error_response(404, body)
+
+
 async def explain(request: web.Request) -> web.Response:
     """The order a request would get now, without exploring: the very same plan()."""
     gw = request.app[GATEWAY]
     name = request.match_info["route"]
     config = gw.config
     if name not in config.routes:
-        known = ", ".join(config.routes) or "none"
-        body = error_body(f"No route '{name}' (routes: {known}).", "invalid_request_error",
-                          code="model_not_found")
-        return error_response(404, body)
+        return _unknown_route(name, config.routes)
     route = config.routes[name]
     rng = random.Random()
     rng.setstate(gw.rng(name).getstate())  # a weighted draw shows what the next request draws
@@ -163,9 +166,7 @@ async def explain(request: web.Request) -> web.Response:
             **signals.get(target.name, {}),
         })
     return json_response({
-        "route": name,
-        "strategy": route.strategy,
-        "mode": mode,
+        "route": name, "strategy": route.strategy, "mode": mode,
         "fleet": _fleet(gw),
         **({"box": {"worker": gw.box.index, "workers": gw.box.count}} if gw.box is not None else {}),
         **({"cost_basis": basis} if basis else {}),

@@ -32,6 +32,7 @@ MAX_N = 8
 MAX_ITEMS = 16
 MAX_TEXT = 1024
 MAX_VALUES = 2000
+MAX_EXACT = 2**53
 
 
 @dataclass(slots=True)
@@ -289,6 +290,8 @@ def _number(schema: Json, integer: bool) -> int | float:
         value = low
     if isinstance(high, int | float) and value > high:
         value = high
+    # Within what JSON numbers carry exactly (a bound of 1e30 would make an integer no encoder writes).
+    value = min(max(value, -MAX_EXACT), MAX_EXACT)
     # A whole number satisfies "number" too, and clients typed as integers parse it.
     return int(value) if integer or float(value).is_integer() else float(value)
 

@@ -177,3 +177,24 @@ async def test_without_redis_there_is_no_link(config: dict[str, Any], upstreams,
                      "routes": {"chat": {"targets": [{"provider": "up", "model": "m"}]}}, **config})
     assert p.gateway.fleet is None and p.gateway.state.listener is None
     assert (await p.get("/v1/health"))[1]["fleet"] == {"state": "off"}
+
+
+async def test_a_slow_redis_costs_requests_nothing(own_redis, upstreams, proxy) -> None:
+    """Redis stalls (DEBUG SLEEP): the link times out and goes alone; requests never notice."""
+    import redis as sync_redis
+
+    up = await upstreams({PATH: ok})
+    ps = await fleet_of(2, proxy, fleet_config(own_redis, "slow", {"up": up.url}))
+    stall = asyncio.get_running_loop().run_in_executor(None, lambda: sync_redis.Redis(
+        port=own_redis.port, password=PASSWORD).execute_command("DEBUG", "SLEEP", "2"))
+    await asyncio.sleep(0.1)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(10):
+            started = time.monotonic()
+            assert await post(session, ps[0]) == 200
+            assert time.monotonic() - started < 0.25  # no request waits on the stalled Redis
+            await asyncio.sleep(0.1)
+    await stall
+    assert ps[0].gateway.fleet is not None
+    await until(lambda: ps[0].gateway.fleet.connected and ps[1].gateway.fleet.connected, 8.0)
+    assert ps[0].gateway.fleet.reconnects >= 1  # it went alone meanwhile, and came back

@@ -104,6 +104,7 @@ async def test_rows_after_finished_exchanges(tmp_path: Path) -> None:
         "completion_tokens": 20,
         "cost_usd": 0.0042,
         "race": "",  # it did not race
+        "instance": "",  # no fleet: one instance, unnamed
     }
     assert second["served"] is None
     assert second["status"] == 503
@@ -245,9 +246,10 @@ async def test_measured_costs_counts_only_clean_calls(tmp_path: Path) -> None:
 async def test_a_race_is_recorded_and_an_older_ledger_gains_the_column(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     conn = sqlite3.connect(path)  # a ledger file from before races were recorded
-    conn.executescript(SCHEMA.replace(",\n    race TEXT NOT NULL DEFAULT ''", ""))
+    conn.executescript(SCHEMA.replace(",\n    race TEXT NOT NULL DEFAULT ''", "").replace(
+        ",\n    instance TEXT NOT NULL DEFAULT ''", ""))  # nor which instance of a fleet served
     conn.close()
-    ledger = Ledger(str(path), retention_days=30, queue_size=100, clock=lambda: NOW)
+    ledger = Ledger(str(path), retention_days=30, queue_size=100, clock=lambda: NOW, instance="box-1-ab12")
     await ledger.start()
     raced = Decision(id="r1", route="chat", strategy="fastest", order=(Ranked("groq", "fastest", 0.31),),
                      attempts=(Attempt("groq", "lost", 0.5), Attempt("openai", "200", 0.2, ttfc=0.2)),
@@ -256,4 +258,5 @@ async def test_a_race_is_recorded_and_an_older_ledger_gains_the_column(tmp_path:
     await ledger.close()
     (row,) = rows(path)
     assert row["race"] == "groq(leader), openai(hedge 0.40s)"
+    assert row["instance"] == "box-1-ab12"
     assert row["attempts"] == "groq(lost 0.50s), openai(200 0.20s)"

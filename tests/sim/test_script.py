@@ -8,6 +8,7 @@ from typing import Any
 
 import anthropic
 import openai
+import orjson
 import pytest
 
 from proxy.sim.script import example_of, needs_script, script_for
@@ -81,6 +82,32 @@ def test_after_a_tool_result_it_says_what_the_tool_returned() -> None:
 )
 def test_arguments_satisfy_the_schema(schema: dict[str, Any], value: Any) -> None:
     assert example_of(schema, schema) == value
+
+
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [
+        pytest.param({"type": "string", "minLength": "3", "format": ["date"]}, "sim",
+                     id="mistyped-keywords-are-absent"),
+        pytest.param({"enum": 5, "allOf": 1, "anyOf": {"a": 1}, "type": "object", "properties": []}, {},
+                     id="mistyped-combinators"),
+        pytest.param({"type": "integer", "exclusiveMinimum": 1e30}, 2**53, id="a-bound-past-exact-integers"),
+        pytest.param({"type": "string", "minLength": 10**9}, "sim" + "x" * 1021, id="a-huge-min-length"),
+        pytest.param({"type": "array", "minItems": 10**9, "items": {"type": "boolean"}}, [True] * 16,
+                     id="a-huge-min-items"),
+    ],
+)
+def test_a_schema_the_client_got_wrong_still_gives_a_bounded_value(schema: dict[str, Any], value: Any) -> None:
+    """The edge checks a tool's schema only to be an object (``server/shapes.py``): the simulator
+    reads its keywords leniently, within bounds, and writes a value JSON can carry."""
+    got = example_of(schema, schema)
+    assert got == value and orjson.dumps(got)
+
+
+def test_a_schema_that_refers_to_itself_stays_within_its_budget() -> None:
+    node = {"type": "object", "properties": {f"p{i}": {"$ref": "#/$defs/node"} for i in range(10)}}
+    schema = {"$ref": "#/$defs/node", "$defs": {"node": node}}
+    assert len(orjson.dumps(example_of(schema, schema))) < 200_000  # 10 ** 12 values without the budget
 
 
 @pytest.mark.parametrize(
