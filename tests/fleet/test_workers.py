@@ -5,6 +5,7 @@ counts, /metrics, the process's log, its signals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -258,3 +259,26 @@ async def test_systemd_hears_the_box_from_the_supervisor(redis_server, upstreams
     finally:
         box.stop()
         notify.close()
+
+
+async def test_the_access_log_and_the_ledger_take_every_workers_lines_whole(redis_server, upstreams, boxes,
+                                                                            tmp_path: Path) -> None:
+    _, ok = answering(0.002)
+    ledger = tmp_path / "ledger.db"
+    box = await boxes({**box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}),
+                       "ledger": {"path": str(ledger)}})
+
+    async def client(n: int) -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            for _ in range(n):
+                assert await call(session, box) == 200
+
+    await asyncio.gather(*(client(25) for _ in range(8)))
+    box.stop()  # both drain: the observers write out
+    lines = box.access_log.read_text().splitlines()
+    served = [ln for ln in lines if "path=/v1/chat/completions" in ln]
+    assert len(served) == 200 and all(ln.endswith(" served=up") or " served=up " in ln for ln in served)
+    assert len({re.search(r" instance=(\S+) ", ln).group(1) for ln in served}) == 2  # type: ignore[union-attr]
+    import sqlite3
+    with contextlib.closing(sqlite3.connect(ledger)) as db:
+        assert db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 200
