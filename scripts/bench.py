@@ -167,7 +167,11 @@ def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path,
               otlp: str | None = None) -> subprocess.Popen[bytes]:
     path = tmp / f"{name}.json"  # JSON is YAML
     path.write_text(json.dumps(firstbyte_config(port, upstream, otlp)))
-    return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
+    if WORKERS == 1:
+        return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
+    proc = procs.spawn(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)])
+    bench_box.wait_box(port, WORKERS)  # every worker answering, not just the first to listen
+    return proc
 
 
 class Seeing:
@@ -530,7 +534,6 @@ def main() -> int:
         FB_PID = firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp, seeing.otlp if seeing else None).pid
         spread = {}
         if WORKERS > 1:
-            bench_box.wait_box(ports["fb1"], WORKERS)
             spread = bench_box.spread(ports["fb1"])
         if seeing is not None:
             seeing.watch(ports["fb1"])
