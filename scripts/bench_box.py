@@ -59,7 +59,7 @@ def wait_box(port: int, workers: int, timeout: float = 90.0) -> None:
             time.sleep(0.1)
 
 
-def spread(port: int, connections: int = 400) -> dict[int, int]:
+def spread(port: int, connections: int = 400) -> dict[str, int]:
     """How many of ``connections`` fresh connections each worker took."""
     count = collections.Counter(which_worker(port) for _ in range(connections))
-    return {int(k): v for k, v in sorted(count.items(), key=lambda kv: kv[0] or 0) if k is not None}
+    return {str(k): v for k, v in sorted(count.items(), key=lambda kv: kv[0] or 0) if k is not None}
