@@ -52,7 +52,8 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def describe(config: Config) -> str:
     """The plan `firstbyte check` prints: each route's targets and what load-time filters say."""
-    out = [f"config {config.source}: valid; listen {config.listen}"]
+    workers = f" with {config.workers} workers" if config.workers > 1 else ""
+    out = [f"config {config.source}: valid; listen {config.listen}{workers}"]
     for route in config.routes.values():
         out.append("")
         out.append(f"route {route.name}  strategy={route.strategy}")
@@ -191,7 +192,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return 0
-    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}{_fleet_words(data.get('fleet'))}")
+    box = data.get("box")
+    worker = f"  worker {box['worker']} of {box['workers']}" if box else ""
+    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}{_fleet_words(data.get('fleet'))}"
+          f"{worker}")
     rows = [
         [str(i + 1), o["target"], o["detail"], *_mode_cells(o["streamed"]), *_mode_cells(o["buffered"])]
         for i, o in enumerate(data["order"])

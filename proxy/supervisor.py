@@ -144,6 +144,7 @@ class Supervisor:
                 return
             self.restarts += 1
             await self._spawn(worker)
+            self._status()
 
     def _status(self) -> None:
         alive = sum(w.alive for w in self.workers)

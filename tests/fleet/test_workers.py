@@ -93,6 +93,12 @@ async def test_two_workers_answer_on_one_port_and_both_take_connections(redis_se
     assert await workers_seen(box) == {0, 1}
     async with aiohttp.ClientSession() as session:
         assert await call(session, box) == 200
+    explained = subprocess.run([sys.executable, "-m", "proxy.cli", "explain", "chat", "--url", box.url],
+                               capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert re.search(r"fleet=w-\w+ in-fleet since .* worker [01] of 2$", explained.stdout.splitlines()[0])
+    checked = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", str(box.dir / "routes.json")],
+                             capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert checked.stdout.splitlines()[0].endswith(f"listen 127.0.0.1:{box.port} with 2 workers")
 
 
 async def test_a_breaker_opened_through_one_worker_excludes_the_target_on_the_other(
