@@ -91,6 +91,7 @@ async def test_two_workers_answer_on_one_port_and_both_take_connections(redis_se
     _, ok = answering()
     box = await boxes(box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}))
     assert await workers_seen(box) == {0, 1}
+    assert box.log.read_text().count("(at most 2048 client connections, worker ") == 2  # 4096 for the box
     async with aiohttp.ClientSession() as session:
         assert await call(session, box) == 200
     explained = subprocess.run([sys.executable, "-m", "proxy.cli", "explain", "chat", "--url", box.url],
