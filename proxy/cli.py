@@ -159,12 +159,15 @@ def _gateway_url(args: argparse.Namespace) -> str | None:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _fleet_words(fleet: dict[str, Any] | None) -> str:
-    """``  fleet=NAME in-fleet since ...`` (or alone, with why); nothing without state.redis."""
+def _fleet_words(data: dict[str, Any]) -> str:
+    """``  fleet=NAME in-fleet since ...`` (or alone, with why), then ``  worker I of N`` for a box of
+    workers; nothing without state.redis."""
+    fleet, box = data.get("fleet"), data.get("box")
     if not fleet or fleet.get("state") == "off":
         return ""
     words = f"  fleet={fleet['fleet']} {fleet['state']} since {fleet['since']} as {fleet['instance']}"
-    return words + (f" ({fleet['reason']})" if fleet.get("reason") else "")
+    words += f" ({fleet['reason']})" if fleet.get("reason") else ""
+    return words + (f"  worker {box['worker']} of {box['workers']}" if box else "")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -192,10 +195,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return 0
-    box = data.get("box")
-    worker = f"  worker {box['worker']} of {box['workers']}" if box else ""
-    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}{_fleet_words(data.get('fleet'))}"
-          f"{worker}")
+    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}{_fleet_words(data)}")
     rows = [
         [str(i + 1), o["target"], o["detail"], *_mode_cells(o["streamed"]), *_mode_cells(o["buffered"])]
         for i, o in enumerate(data["order"])
