@@ -98,7 +98,8 @@ async def test_two_workers_answer_on_one_port_and_both_take_connections(redis_se
                                capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert re.search(r"fleet=w-\w+ in-fleet since .* worker [01] of 2$", explained.stdout.splitlines()[0])
     checked = subprocess.run([sys.executable, "-m", "proxy.cli", "check", "--config", str(box.dir / "routes.json")],
-                             capture_output=True, text=True, cwd=ROOT, timeout=30)
+                             capture_output=True, text=True, cwd=ROOT, timeout=30,
+                             env={**os.environ, "FLEET_PASSWORD": box.password})
     assert checked.stdout.splitlines()[0].endswith(f"listen 127.0.0.1:{box.port} with 2 workers")
 
 
