@@ -23,6 +23,7 @@ from .box import Box
 from .config import Config
 from .config.loaded import Loaded
 from .fleet import FleetLink
+from .internals import Internals, checked
 from .observe import Observer
 from .observe.cost_refresher import CostRefresher
 from .observe.outbox import Outbox
@@ -30,7 +31,7 @@ from .providers import transports
 from .routing.randoms import RouteRandoms
 from .scrub import Scrubber
 from .state import State
-from .upstream.http1 import Pool
+from .upstream.session_pool import UpstreamPool, close_pool, upstream_pool
 from .upstream.transport import HttpTransport
 from .walk.deadlines import Deadlines
 from .walk.lease import Lease
@@ -47,6 +48,7 @@ class Gateway:
         *,
         clock: Callable[[], float] = time.monotonic,
         observers: list[Observer] | None = None,
+        internals: Internals | None = None,
     ) -> None:
         self.clock = clock
         self.config = config
@@ -59,7 +61,8 @@ class Gateway:
         self.sized_routes: frozenset[str] = frozenset()
         self.loaded = Loaded()  # when the config in force was taken, and what the reloads did
         self.draining = False
-        self.pool: Pool | None = None  # built at start, on the running loop
+        self.pool: UpstreamPool | None = None  # built at start, on the running loop
+        self.internals = internals  # aiohttp's internals as checked at start (proxy/internals.py)
         self.walker: Walker | None = None
         self.costs: CostRefresher | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -96,7 +99,10 @@ class Gateway:
     async def start(self) -> None:
         # No cookie jar, no redirects, no User-Agent: one pool serves every client, and an
         # upstream's Set-Cookie for one client's call must never ride along on another's.
-        self.pool = Pool()
+        if self.internals is None:
+            self.internals = await checked()
+        self.internals.log()
+        self.pool = upstream_pool(self.internals)
         http = HttpTransport(self.pool)
         self.walker = Walker(self.state, transports(http), clock=self.clock, deadlines=self.deadlines,
                              limiters=self.limiters, scrubber=self.scrubber)
@@ -120,7 +126,7 @@ class Gateway:
             await self.fleet.close()
         self.outbox.notify()  # what finished during the drain reaches the observers; their owner closes them
         if self.pool is not None:
-            self.pool.close()
+            await close_pool(self.pool)
 
     def cut_streams(self) -> int:
         """A drain's grace is over: end every relayed stream now, each with an error event that

@@ -144,6 +144,7 @@ class Service:
         runner = GuardedRunner(
             app,
             guard,
+            internals=self.gateway.internals,
             handler_cancellation=True,
             shutdown_timeout=self.gateway.config.shutdown_grace,
             access_log=None,

@@ -7,8 +7,8 @@ spans themselves are built after the answer, from the finished exchange, by
 
 An incoming ``traceparent`` is honoured: its trace id is kept, its span becomes the request
 span's parent, and its sampled flag decides whether the trace is exported (a caller that
-does not record the trace gets none from us either). Without one, a new trace is started and
-kept with probability ``tracing.sample``.
+does not record the trace gets none from us either, but its context still goes upstream). Without
+one, a new trace is started with probability ``tracing.sample``; a request left out carries no ids.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 
 from .upstream.transport import UpstreamRequest
 
@@ -74,15 +73,18 @@ class TraceContext:
         headers["traceparent"] = f"00-{self.trace_id:032x}-{span_id:016x}-{'01' if self.sampled else '00'}"
         if self.tracestate is not None:
             headers["tracestate"] = self.tracestate
-        return replace(request, headers=headers)
+        return UpstreamRequest(request.method, request.url, headers, request.body, request.extra)
 
 
-def begin(headers: Mapping[str, str], sample: float, t0: float) -> TraceContext:
+def begin(headers: Mapping[str, str], sample: float, t0: float) -> TraceContext | None:
     """The trace a request joins (its caller's) or starts (kept with probability ``sample``);
-    ``t0``: its arrival on the gateway's clock."""
+    ``t0``: its arrival on the gateway's clock. None for a new trace the sample leaves out: with
+    no caller to carry it on for and nothing to record, the request goes on as if untraced."""
     parsed = parse_traceparent(headers.get("traceparent"))
     if parsed is None:
-        return TraceContext(_ids.getrandbits(128) or 1, None, _ids.random() < sample, None, t0)
+        if sample < 1.0 and _ids.random() >= sample:
+            return None
+        return TraceContext(_ids.getrandbits(128) or 1, None, True, None, t0)
     trace_id, parent_id, sampled = parsed
     state = headers.get("tracestate")
     return TraceContext(trace_id, parent_id, sampled, state if state and _TRACESTATE.match(state) else None, t0)

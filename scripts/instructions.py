@@ -10,7 +10,7 @@ streamed. Repeat runs agree to about 1-2 %. Use it to see what a change to the
 hot path costs; ``scripts/bench`` remains the measure of latency and
 throughput. Needs valgrind (Debian package ``valgrind``).
 
-    scripts/instructions [--calls 300] [--other NAME=DIR ...] [--unhedged NAME ...] [--see]
+    scripts/instructions [--calls 300] [--other NAME=DIR ...] [--unhedged NAME ...] [--see] [--redis URL]
 
 ``--see`` adds ``firstbyte-see``: this code with every request traced to a loopback OTLP sink and
 the status page's data polled every second (``scripts/bench --see``), and ``firstbyte-traces``, traced
@@ -73,6 +73,8 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
 def main() -> int:
     p = argparse.ArgumentParser(description="instructions per relayed call, firstbyte vs the floor")
     p.add_argument("--calls", type=int, default=300, help="calls counted per measurement")
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="add firstbyte-fleet: this code with state.redis at URL (its link's own work counted)")
     p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
                    help="another firstbyte whose proxy package is in DIR")
     p.add_argument("--see", action="store_true", help="add firstbyte-see: tracing on and the status page polled, "
@@ -96,6 +98,8 @@ def main() -> int:
         versions: dict[str, str | None] = {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}
         if "firstbyte-unhedged" in args.unhedged:
             versions["firstbyte-unhedged"] = None
+        if args.redis:
+            versions["firstbyte-fleet"] = None
         if args.see:
             versions["firstbyte-traces"] = None
             versions["firstbyte-see"] = None
@@ -114,6 +118,8 @@ def main() -> int:
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")
+                if name == "firstbyte-fleet":
+                    config["state"] = {"redis": args.redis, "fleet": f"instructions-{port}"}
                 config_path.write_text(json.dumps(config))
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]

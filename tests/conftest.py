@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from aiohttp import web
 
 from proxy.config import Config, parse_config
 from proxy.gateway import Gateway
+from proxy.observe import Finished
 from proxy.routing.decision import ParsedDecision, parse_header
 from proxy.server.app import build_app
 from proxy.server.listener import Guard, GuardedRunner
@@ -131,7 +135,8 @@ class Proxy:
         """Served as ``firstbyte serve`` serves: its connections kept by the listener's guard."""
         guard = Guard(self.gateway.config.connections)
         self.guards.append(guard)
-        self.runner = GuardedRunner(build_app(self.gateway), guard, handler_cancellation=True, shutdown_timeout=1)
+        self.runner = GuardedRunner(build_app(self.gateway), guard, internals=self.gateway.internals,
+                                    handler_cancellation=True, shutdown_timeout=1)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
@@ -294,6 +299,99 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("fault drill")
         for line in drill.FIGURES:
             terminalreporter.write_line(line)
+
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def until(ready: Callable[[], bool], secs: float = 5.0) -> None:
+    """Wait (bounded) for a condition on the proxy's state; the caller's assert says what failed."""
+    deadline = time.monotonic() + secs
+    while not ready() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+class Recorder:
+    """An observer that keeps every finished exchange (the access log, metrics and ledger read the same)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Finished] = []
+
+    def on_finished(self, finished: Finished) -> None:
+        self.seen.append(finished)
+
+    async def close(self) -> None:
+        pass
+
+
+async def exchange(port: int, head: bytes, body: bytes = b"",
+                   timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    """One request over a raw socket; the status, headers and body of the answer (status 0: none)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    if not raw:
+        return 0, {}, b""
+    top, _, rest = raw.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, rest
+
+
+def post_head(length: int, path: str = "/v1/chat/completions", extra: bytes = b"") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n%s\r\n" % (path.encode(), length, extra))
+
+
+def assert_openai_error(status: int, body: bytes, want: int, code: str | None = None) -> dict[str, object]:
+    assert status == want, body[:300]
+    err = orjson.loads(body)["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert {"message", "type", "param", "code"} <= set(err)
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+FN = {"type": "function", "name": "get_weather", "description": "Weather now",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]+)')
+
+
+def parse_text(line: str) -> tuple[str, dict[str, str]]:
+    """Read a text line the way the module doc promises: time, then bare or JSON values."""
+    time, _, rest = line.partition(" ")
+    fields: dict[str, str] = {}
+    pos = 0
+    while pos < len(rest):
+        match = _PAIR.match(rest, pos)
+        assert match is not None, f"unparsable at {rest[pos:]!r}"
+        raw = match.group(2)
+        fields[match.group(1)] = json.loads(raw) if raw.startswith('"') else raw
+        pos = match.end()
+        if pos < len(rest):
+            assert rest[pos] == " "
+            pos += 1
+    return time, fields
+
+
+CONFIG = """\
+model = "chat"
+model_provider = "firstbyte"
+web_search = "disabled"   # a built-in tool: only a provider with responses: true could run it
+
+[model_providers.firstbyte]
+name = "firstbyte"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "FIRSTBYTE_KEY"
+"""
+
 
 
 @pytest.fixture(scope="session")

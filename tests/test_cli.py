@@ -4,6 +4,7 @@ character in the file."""
 
 from __future__ import annotations
 
+import asyncio
 import configparser
 import socket
 import subprocess
@@ -112,6 +113,29 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> N
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert f"{config}:3:1: not valid YAML: expected the node content" in run.stderr
     assert "<unicode string>" not in run.stderr
+
+
+async def test_explain_config_needs_only_the_listen_not_the_gateways_secrets(upstreams, proxy, capsys, tmp_path,
+                                                                            monkeypatch):
+    """`firstbyte explain chat --config routes.yaml --key K` loads the whole config to read one
+    field: a gateway with client keys (clients.keys_env) refuses to explain from any shell that
+    does not hold every client key in its environment (the service's EnvironmentFile does, the
+    operator's shell does not), although the key was given with --key."""
+    from proxy.cli import main
+
+    from .conftest import ok_handler, openai_provider
+
+    up = await upstreams({"/v1/chat/completions": ok_handler("x")})
+    p = await proxy({"clients": {"keys_env": "FB_REVIEW3_KEYS"}, "providers": {"a": openai_provider(up.url)},
+                     "routes": {"chat": {"targets": [{"provider": "a", "model": "m"}]}}},
+                    env={"FB_REVIEW3_KEYS": "good"})
+    monkeypatch.delenv("FB_REVIEW3_KEYS", raising=False)
+    config = tmp_path / "routes.yaml"
+    config.write_text(f"listen: 127.0.0.1:{p.port}\nclients: {{keys_env: FB_REVIEW3_KEYS}}\n"
+                      "providers: {a: {kind: simulated}}\nroutes: {chat: {targets: [{provider: a, model: m}]}}\n")
+    code = await asyncio.to_thread(main, ["explain", "chat", "--config", str(config), "--key", "good"])
+    err = capsys.readouterr().err
+    assert code == 0, err
 
 
 def test_check_into_a_closed_pipe_stops_quietly() -> None:

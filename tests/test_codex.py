@@ -15,23 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import route_config
-from .providers.test_responses_via_chat import Recorder
+from .conftest import CONFIG, Recorder, route_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = {"kind": "simulated", "simulate": {"first_chunk_ms": 2, "jitter_ms": 0, "chunk_ms": 0, "chunks": 6}}
-
-CONFIG = """\
-model = "chat"
-model_provider = "firstbyte"
-web_search = "disabled"   # a built-in tool: only a provider with responses: true could run it
-
-[model_providers.firstbyte]
-name = "firstbyte"
-base_url = "{url}/v1"
-wire_api = "responses"
-env_key = "FIRSTBYTE_KEY"
-"""
 
 
 @pytest.fixture(scope="module")

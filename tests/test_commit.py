@@ -277,3 +277,34 @@ async def test_a_route_emptied_by_missing_credentials_stays_503(upstreams, proxy
     p = await proxy(config)
     status, headers, body = await p.post("/v1/chat/completions", CHAT)
     assert status == 503 and orjson.loads(body)["error"]["code"] == "no_eligible_target"
+
+
+async def test_anthropic_error_after_an_empty_thinking_block_start_fails_over(upstreams, proxy):
+    """With extended thinking every Anthropic stream opens a thinking block: message_start, then
+    content_block_start of {"type": "thinking", "thinking": ""}. That start carries no token (ADR
+    0007 lists only tool_use and non-empty text block starts as committing), so an overloaded_error
+    after it must fail over like one after an empty text block's start."""
+    from .anthropic_fakes import OVERLOADED, event, messages_handler, text_events
+
+    start = text_events(["never"])[0]
+    thinking = event("content_block_start", {"index": 0, "content_block": {"type": "thinking", "thinking": ""}})
+    a, b, p = await two_targets(upstreams, proxy, messages_handler(events=[start, thinking, OVERLOADED]),
+                                path="/v1/messages")
+    raw, words = await sdk_stream(p)
+    assert "".join(words) == "from-b0from-b1from-b2"
+    assert decision_of(dict(raw.headers)).attempt_outcomes() == [("a", "error event overloaded_error"),
+                                                                 ("b", "200")]
+
+
+async def test_a_finish_reason_error_before_any_content_fails_over(upstreams, proxy):
+    """OpenRouter ends a failed generation with finish_reason "error". Before any content that is
+    no answer (an empty answer that *finishes* is one; an error is not): it must fail over, not be
+    committed and relayed as an empty success that feeds the figure."""
+    from .conftest import sse
+
+    error_finish = sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "up",
+                        "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]})
+    a, b, p = await two_targets(upstreams, proxy, streamed(ROLE, error_finish, b"data: [DONE]\n\n"))
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    assert status == 200 and b"from-b0" in body, headers.get("x-route-decision")
+    assert decision_of(headers).served == "b"

@@ -15,8 +15,7 @@ import yaml
 
 from proxy.translate.responses_to_chat import _NEEDS
 
-from .conftest import Proxy
-from .test_codex import CONFIG
+from .conftest import CONFIG, Proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -48,7 +47,7 @@ def _systemd_install_block() -> str:
 def test_systemd_install_copies_only_the_package() -> None:
     steps = _systemd_install_block()
     assert "cp -r ." not in steps and "/src" not in steps  # not the clone (.venv, .git, tests)
-    assert "/opt/firstbyte/.venv/bin/pip install ." in steps
+    assert "/opt/firstbyte/.venv/bin/pip install -c constraints.txt ." in steps  # what the suite passed with
 
 
 def test_the_units_documentation_is_installed_by_the_steps() -> None:

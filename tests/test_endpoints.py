@@ -18,8 +18,7 @@ from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe.accesslog import AccessLog
 
 from .anthropic_fakes import anthropic_error, anthropic_provider
-from .conftest import decision_of, ok_handler, openai_provider, route_config, status_handler
-from .observe.test_accesslog import parse_text
+from .conftest import decision_of, ok_handler, openai_provider, parse_text, route_config, status_handler
 
 SIM = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 3}}
 

@@ -10,8 +10,7 @@ langchain_openai = pytest.importorskip("langchain_openai", reason="langchain-ope
 from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 
-from .conftest import route_config  # noqa: E402
-from .providers.test_responses_via_chat import Recorder  # noqa: E402
+from .conftest import Recorder, route_config  # noqa: E402
 
 SIM = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 4}}
 

@@ -461,3 +461,25 @@ async def test_health_lists_every_target_with_its_fields(upstreams, proxy):
     assert (b["breaker"], b["failures"]) == ("closed", 0)
     assert b["buffered"] == {"figure_s": 0.0, "samples": 1, "age_s": 4.0}  # the call was buffered
     assert b["streamed"] == unmeasured
+
+
+async def test_a_call_in_flight_to_the_old_address_does_not_measure_the_new_one(upstreams, proxy):
+    """State is dropped for a moved provider, but the tracker is keyed by (provider, model): a
+    call to the old address still in flight at the reload records its first token into the
+    fresh figure of the new address (the breaker does not: the slot holds the old TargetState)."""
+    from .conftest import make_config, ok_handler, openai_provider, route_config
+
+    release, held = gate()
+    ups, p = await pool(upstreams, proxy, {"a": held})
+    call = asyncio.create_task(p.post(PATH, CHAT))
+    await until(lambda: len(ups["a"].calls) == 1)
+    moved = await upstreams({PATH: ok_handler("new")})
+    raw = route_config([{"provider": "a", "model": "model-a"}], {"a": openai_provider(moved.url)}, "ordered",
+                       cooldown={"failures": 1, "secs": 30})
+    p.gateway.apply(make_config(raw))  # a now names another upstream: it starts afresh
+    assert p.gateway.state.tracker.samples(("a", "model-a"), "buffered") == 0
+    release.set()
+    status, _, _ = await asyncio.wait_for(call, 5)
+    assert status == 200
+    assert p.gateway.state.tracker.samples(("a", "model-a"), "buffered") == 0, \
+        "the old address's answer became the new address's first sample"

@@ -23,4 +23,6 @@ def test_public_names_are_pinned() -> None:
         "parse_header",
     ]
     for name in proxy.__all__:
-        assert getattr(proxy, name) is not None
+        exported = vars(proxy).get(name)  # getattr would raise before an assert could say so
+        assert callable(exported), f"proxy.{name} is {exported!r}, not a class or function"
+        assert exported.__module__.startswith("proxy."), (name, exported.__module__)

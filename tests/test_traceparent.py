@@ -30,6 +30,7 @@ def test_parse_traceparent(value: str | None, expected: tuple[int, int, bool] | 
 
 def test_each_attempt_gets_its_own_span_id_in_the_callers_trace() -> None:
     ctx = begin({"traceparent": f"00-{TRACE}-{SPAN}-01"}, 0.0, t0=5.0)  # sample 0: the caller decides
+    assert ctx is not None
     request = UpstreamRequest("POST", "http://u/v1/chat/completions", {"content-type": "application/json"}, b"{}")
     first, second = ctx.attempt("a", 5.1, request), ctx.attempt("b", 5.2, request)
     assert "traceparent" not in request.headers  # the shared request is not changed
@@ -40,8 +41,9 @@ def test_each_attempt_gets_its_own_span_id_in_the_callers_trace() -> None:
     assert len({ctx.span_id, *(span for _, span, _ in ctx.attempts)}) == 3
 
 
-@pytest.mark.parametrize(("sample", "sampled"), [pytest.param(0.0, False, id="none"),
-                                                  pytest.param(1.0, True, id="all")])
-def test_a_new_trace_is_kept_by_the_sample(sample: float, sampled: bool) -> None:
-    ctx = begin({}, sample, t0=0.0)
-    assert ctx.parent_id is None and ctx.sampled is sampled and ctx.trace_id
+def test_a_new_trace_is_started_by_the_sample() -> None:
+    ctx = begin({}, 1.0, t0=0.0)
+    assert ctx is not None and ctx.parent_id is None and ctx.sampled and ctx.trace_id
+    assert begin({}, 0.0, t0=0.0) is None  # left out: no ids, no traceparent upstream
+    unsampled_caller = begin({"traceparent": f"00-{TRACE}-{SPAN}-00"}, 1.0, t0=0.0)
+    assert unsampled_caller is not None and not unsampled_caller.sampled  # the caller's context goes on

@@ -6,6 +6,7 @@ records the arguments it gets: each recorded line is one ``pip install``.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -63,3 +64,51 @@ def test_serve_installs_only_what_serving_needs_and_never_undoes_the_dev_tools(t
     assert installs(calls) == [f"-m pip install --quiet -e {root}",
                                f"-m pip install --quiet -e {root}[dev]"]
     assert "FIRSTBYTE_EXTRAS=\"\"" in (ROOT / "scripts" / "serve").read_text()
+
+
+def test_every_install_goes_through_the_constraints_and_a_changed_pin_installs_again(tmp_path: Path) -> None:
+    root, calls = scratch_root(tmp_path)
+    (root / "constraints.txt").write_text("aiohttp==3.14.5\n")
+    source(root, None)
+    source(root, None)
+    (root / "constraints.txt").write_text("aiohttp==3.14.6\n")
+    source(root, None)
+    pinned = f"-m pip install --quiet -c {root}/constraints.txt -e {root}[dev]"
+    assert installs(calls) == [pinned, pinned]
+
+
+def test_scripts_serve_and_test_and_the_readme_install_through_the_constraints_file() -> None:
+    for script in ("serve", "test", "check"):
+        assert 'source "$(dirname "$0")/_venv"' in (ROOT / "scripts" / script).read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install -c constraints.txt -e ." in readme
+    assert "/opt/firstbyte/.venv/bin/pip install -c constraints.txt ." in readme
+    pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line]
+    assert any(line.startswith("aiohttp==") for line in pins)
+
+
+def test_the_oldest_aiohttp_has_its_own_venv_and_constraints(tmp_path: Path) -> None:
+    root, calls = scratch_root(tmp_path)
+    (root / "constraints-oldest.txt").write_text("aiohttp==3.10.11\n")
+    oldest = root / ".venv-oldest" / "bin" / "python"
+    oldest.parent.mkdir(parents=True)
+    oldest.write_text(f'#!/bin/sh\necho "oldest $*" >> {calls}\n')
+    oldest.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "FIRSTBYTE_VENV": str(root / ".venv-oldest"),
+           "FIRSTBYTE_CONSTRAINTS": str(root / "constraints-oldest.txt")}
+    subprocess.run(["bash", "-c", f"source {root}/scripts/_venv"], env=env, check=True, timeout=30)
+    assert installs(calls) == [f"oldest -m pip install --quiet -c {root}/constraints-oldest.txt -e {root}[dev]"]
+
+
+def test_the_pinned_aiohttp_is_in_the_range_and_ci_knows_the_tests_that_reach_its_internals() -> None:
+    setup = (ROOT / "setup.cfg").read_text()
+    low, high = re.search(r"aiohttp>=([\d.]+),<([\d.]+)", setup).groups()  # type: ignore[union-attr]
+    pinned = re.search(r"^aiohttp==([\d.]+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)  # type: ignore[union-attr]
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("."))
+
+    assert version(low) <= version(pinned) < version(high)
+    facing = (ROOT / "tests" / "aiohttp_facing.txt").read_text().split()
+    assert "tests/test_internals.py" in facing and all((ROOT / name).exists() for name in facing)
+    assert "tests/aiohttp_facing.txt" in (ROOT / "scripts" / "test").read_text()

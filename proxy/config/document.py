@@ -71,6 +71,11 @@ def read_yaml(text: str, source: str = "<memory>") -> Any:
 def _node_problems(root: yaml.Node) -> list[str]:
     """Duplicate keys, depth and expanded size of a composed document, each node visited once
     (an alias is the same node object again, so nothing here expands the alias graph)."""
+    return _duplicate_keys(root) or _size_problems(root)
+
+
+def _duplicate_keys(root: yaml.Node) -> list[str]:
+    """Pre-order, first path wins."""
     problems: list[str] = []
     seen: set[int] = set()
     stack: list[tuple[yaml.Node, str]] = [(root, "(top)")]
@@ -91,9 +96,12 @@ def _node_problems(root: yaml.Node) -> list[str]:
                 stack.append((value, where))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
-    if problems:
-        return problems
-    # Post-order, memoised by node: depth and the node count once aliases are expanded.
+    return problems
+
+
+def _size_problems(root: yaml.Node) -> list[str]:
+    """Post-order, memoised by node: depth and the node count once aliases are expanded."""
+    problems: list[str] = []
     sizes: dict[int, tuple[int, int]] = {}
     order: list[yaml.Node] = []
     pending: list[yaml.Node] = [root]

@@ -2,7 +2,7 @@
 
 ``auto`` is the cores this process may run on (``os.sched_getaffinity``: a cgroup's CPU set or
 ``taskset`` counts, the machine's total does not). More than one worker needs ``state.redis``:
-workers share what they learn through the fleet state, never apart (docs/adr/0019).
+workers share what they learn through the fleet state, never apart (docs/adr/0021).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ class Peers:
         self.loads: dict[str, tuple[dict[str, int], float]] = {}  # instance -> (fid -> count, valid until)
 
     def heard(self, instance: str, loads: Any, now: float) -> None:
+        if instance not in self.loads:  # a newcomer: forget the instances that went quiet (restarts)
+            self.loads = {i: v for i, v in self.loads.items() if v[1] > now - 60.0}
         if isinstance(loads, dict):
             self.loads[instance] = ({str(k): int(v) for k, v in loads.items() if isinstance(v, int)},
                                     now + PEER_LOAD_SECS)

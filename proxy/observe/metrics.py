@@ -323,6 +323,11 @@ class Metrics:
                 add(self.cost, (("route", self._route(route_name)), ("target", served)), cost)
         for (name, labels), amount in pending.items():
             self._counters[name].add(dict(labels), amount)
+        self._apply_first_chunks()
+        self.client.apply(self._route, self._status)
+
+    def _apply_first_chunks(self) -> None:
+        """The first-chunk observations since the last scrape, bucketed per target in one batch."""
         observed, self._observed = self._observed, []
         by_target: dict[str, list[float]] = {}
         for target, seconds in observed:
@@ -330,7 +335,6 @@ class Metrics:
                 by_target.setdefault(self._target(target), []).append(seconds)
         for target, values in by_target.items():
             observe_many(self.first_chunk, {"target": target}, values)
-        self.client.apply(self._route, self._status)
 
     async def close(self) -> None:
         """Nothing to flush: the registry lives in memory until the process ends."""

@@ -24,9 +24,8 @@ from ..translate.chat_to_anthropic import TranslationError
 from ..translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
 from ..translate.first_token import FirstToken, ResponsesFirstToken
 from ..translate.responses_to_chat import responses_to_chat
-from ..translate.sse import event_frame
+from ..translate.sse import EventFramer, event_frame, json_object, split_events
 from ..translate.usage import usage_from_responses
-from ..translate.usage_taps import _Framer
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 from .openai import OpenAIAdapter
 
@@ -43,7 +42,7 @@ class ResponsesUsageTap:
     def __init__(self) -> None:
         self.usage: dict[str, int] | None = None
         self.done = False
-        self._framer = _Framer()
+        self._framer = EventFramer()
         self._last = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -70,14 +69,11 @@ class ResponsesUsageTap:
         return event_frame("error", event)
 
     def _count(self, block: bytes) -> None:
-        for line in block.split(b"\n"):
-            if not line.startswith(b"data:") or b'"usage"' not in line:
+        for event in split_events(block):
+            if b'"usage"' not in event:
                 continue
-            try:
-                payload = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                continue
-            usage = ((payload.get("response") or {}) if isinstance(payload, dict) else {}).get("usage")
+            payload = json_object(event)
+            usage = ((payload.get("response") or {}) if payload is not None else {}).get("usage")
             if isinstance(usage, dict):
                 self.usage = usage_from_responses(usage)
 

@@ -28,35 +28,24 @@ from ..errors import ClientError
 from ..gateway import Gateway
 from ..providers.anthropic import anthropic_headers
 from ..routing.plan import Ask, plan
+from ..translate.tokens import estimate_tokens
 from ..upstream.transport import BodyTooLarge, HttpUpstream
 from ..walk.classify import classify_status
 from .dialect import ANTHROPIC, in_dialect
 from .replies import JSON, request_id
-from .request import CHARS_PER_TOKEN, parse_call, pin_of, read_body
+from .request import parse_call, pin_of, read_body
 
 __all__ = ["count_tokens", "estimate_input_tokens"]
 
 log = logging.getLogger("firstbyte")
 
 MAX_ANSWER = 64 * 1024
-_NOT_TEXT = frozenset({"type", "role", "id", "tool_use_id", "cache_control"})  # keys, not content
-
-
-def _size(value: Any) -> int:
-    """Characters of text in a Messages body part, tool schemas included (they count as input)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_size(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_size(v) for k, v in value.items() if k not in _NOT_TEXT)
-    return 0
 
 
 def estimate_input_tokens(body: dict[str, Any]) -> int:
-    """An estimate of a Messages request's input tokens: characters / 4, at least 1."""
-    chars = _size(body.get("system")) + _size(body.get("messages")) + _size(body.get("tools"))
-    return max(1, chars // CHARS_PER_TOKEN)
+    """An estimate of a Messages request's input tokens, the context check's (``translate/tokens.py``),
+    at least 1; tool schemas count as input."""
+    return max(1, estimate_tokens(body.get("system"), body.get("messages"), body.get("tools")))
 
 
 def count_tokens(gw: Gateway) -> Any:

@@ -81,7 +81,8 @@ async def health(request: web.Request) -> web.Response:
     state's snapshot like the metrics scrape."""
     gw = request.app[GATEWAY]
     box = None if gw.box is None else {"worker": gw.box.index, "workers": gw.box.count}
-    return json_response({"fleet": _fleet(gw), "box": box, "targets": health_rows(gw)})
+    internals = gw.internals.health() if gw.internals is not None else None  # its internals used, or the fallback
+    return json_response({"fleet": _fleet(gw), "box": box, "targets": health_rows(gw), "aiohttp": internals})
 
 
 def health_rows(gw: Gateway) -> list[dict[str, Any]]:

@@ -13,10 +13,8 @@ from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
 from ..errors import ClientError
 from ..memory import trim
 from ..providers.base import Call
+from ..translate.tokens import estimate_tokens as estimate_tokens_of
 from .shapes import WrongShape, check_body
-
-CHARS_PER_TOKEN = 4  # a deliberately rough estimate: only used against declared context windows
-
 
 # What aiohttp inflates for us; "identity" is no encoding at all.
 _ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
@@ -174,29 +172,20 @@ def check_model(model: str) -> None:
         )
 
 
-def _text_size(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_text_size(v) for v in value)
-    if isinstance(value, dict):
-        return _text_size(value.get("text") or value.get("content") or "")
-    return 0
-
-
 def estimate_tokens(call: Call) -> int:
-    """Prompt tokens estimated from the text, plus the completion budget asked for."""
+    """Prompt tokens estimated from the text (``translate/tokens.py``, as count_tokens estimates),
+    plus the completion budget asked for."""
     body = call.body
     if call.op in ("chat", "messages"):
-        chars = _text_size(body.get("messages")) + _text_size(body.get("system"))
+        prompt = estimate_tokens_of(body.get("system"), body.get("messages"), body.get("tools"))
     elif call.op == "completions":
-        chars = _text_size(body.get("prompt"))
+        prompt = estimate_tokens_of(body.get("prompt"))
     elif call.op == "responses":
-        chars = _text_size(body.get("input")) + _text_size(body.get("instructions"))
+        prompt = estimate_tokens_of(body.get("instructions"), body.get("input"), body.get("tools"))
     else:
-        chars = _text_size(body.get("input"))
+        prompt = estimate_tokens_of(body.get("input"))
     budget = (body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
               or 0)
     if not isinstance(budget, int):
         budget = 0
-    return chars // CHARS_PER_TOKEN + budget
+    return prompt + budget

@@ -35,9 +35,12 @@ _FILES = {"/status": ("status.html", "text/html"), "/status/status.js": ("status
 
 
 def fleet_link(gw: Gateway) -> dict[str, Any]:
-    """The fleet link (shared state over Redis, issue 26) as the page shows it. A gateway with no
-    fleet is ``alone``; the fleet's own code fills this in when it lands."""
-    return {"link": "alone"}
+    """The fleet link (shared state over Redis, ``state: {redis, fleet}``) as the page shows it: a
+    gateway with no fleet is ``alone``; with one, the link's own status (``in-fleet`` or ``alone``
+    and why, since when, the peers heard from)."""
+    if gw.fleet is None:
+        return {"link": "alone"}
+    return {"link": "in-fleet" if gw.fleet.connected else "alone", **gw.fleet.status()}
 
 
 def _routes(gw: Gateway, now: float) -> list[dict[str, Any]]:

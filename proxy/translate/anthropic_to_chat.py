@@ -13,7 +13,7 @@ import orjson
 
 from ..errors import StreamError, error_body, error_type
 from .chat_to_anthropic import tool_call_of
-from .sse import DONE, SseDecoder, data_frame, openai_error_event
+from .sse import DONE, JsonEventFeed, SseDecoder, data_frame, openai_error_event
 from .tokens import says_context_overflow, token_count
 from .usage import usage_from_anthropic
 
@@ -90,9 +90,12 @@ def finish_reason(stop_reason: str | None, calls: bool = True) -> str:
 # --- streams ----------------------------------------------------------------------------------
 
 
-class AnthropicStreamToOpenAI:
+class AnthropicStreamToOpenAI(JsonEventFeed):
     """Translate an Anthropic event stream into OpenAI ``chat.completion.chunk`` events as
     they arrive, so the client's first chunk is Anthropic's first event, not its last."""
+
+    stream_error = AnthropicStreamError
+    malformed = "malformed Anthropic stream event"
 
     def __init__(self, model: str, include_usage: bool, created: int = 0, json_tool: str | None = None) -> None:
         self.model = model
@@ -108,25 +111,8 @@ class AnthropicStreamToOpenAI:
         self._tool_index: dict[int, int] = {}  # Anthropic block index -> OpenAI tool_calls index
         self._finished = False
 
-    def feed(self, data: bytes) -> bytes:
-        """Return the complete OpenAI events that ``data`` finishes (maybe ``b""``); raise
-        ``AnthropicStreamError`` on an ``error`` event."""
-        out = bytearray()
-        try:
-            for name, raw in self._decoder.feed(data):
-                if self.done:
-                    break
-                try:
-                    event = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise AnthropicStreamError(
-                        f"malformed Anthropic stream event: {raw[:200]!r}", "invalid_stream"
-                    ) from exc
-                out += self._on_event(event.get("type") or name, event)
-        except AnthropicStreamError as exc:
-            exc.partial = bytes(out)
-            raise
-        return bytes(out)
+    # feed (JsonEventFeed): the complete OpenAI events the data finishes (maybe b""); an ``error``
+    # event raises AnthropicStreamError
 
     def finish(self) -> bytes:
         """Nothing is held back: an end without ``message_stop`` is the cut the relay reports."""
@@ -135,7 +121,10 @@ class AnthropicStreamToOpenAI:
     def error_event(self, message: str) -> bytes:
         return openai_error_event(message)
 
-    def _on_event(self, kind: str | None, event: Json) -> bytes:
+    def _on_event(self, name: str | None, event: Any) -> bytes:
+        return self._on_anthropic(event.get("type") or name, event)
+
+    def _on_anthropic(self, kind: str | None, event: Json) -> bytes:
         if kind == "message_start":
             message = event.get("message") or {}
             self._id = message.get("id") or ""

@@ -23,6 +23,7 @@ import orjson
 
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
+from .sse import Event, data_of, event_end, fields, opened
 
 __all__ = [
     "MAX_OPENING",
@@ -76,11 +77,12 @@ class FirstToken:
     drip-fed opening costs its length, not its length squared, and a large one
     is held once."""
 
-    __slots__ = ("_buf", "_start", "failure", "held")
+    __slots__ = ("_buf", "_events", "_start", "failure", "held")
 
     def __init__(self) -> None:
         self._buf: bytearray | None = None  # everything fed so far, once a read left it undecided
         self._start = 0  # where the incomplete event at its end begins
+        self._events: list[Event] = []  # what was decoded on the way, handed on with ``held``
         self.held = b""
         self.failure: UpstreamError | Ended | None = None
 
@@ -104,13 +106,13 @@ class FirstToken:
                     payload = None
                 if (type(payload) is dict and "error" not in payload and payload.get("object") != "error"
                         and payload.get("type") != "error" and self.carries_content(None, payload)):
-                    self.held = data
+                    self.held = opened(data, [(None, payload)], end + 2)
                     return True
         verdict = self._scan(data)
         if verdict is None:
             return False
         if verdict is COMMITTED:
-            self.held = data if self._buf is None else bytes(self._buf)
+            self.held = opened(data if self._buf is None else bytes(self._buf), self._events, self._start)
         else:
             self.failure = verdict  # type: ignore[assignment]
         return True
@@ -124,11 +126,11 @@ class FirstToken:
             searched = max(start, len(text) - 2)  # a blank line may straddle the two reads
             text += data
         while True:
-            end, step = _boundary(text, max(start, searched))
+            end, step = event_end(text, max(start, searched))
             if end < 0:
                 break
             verdict = self._event(bytes(text[start:end]) if isinstance(text, bytearray) else text[start:end])
-            start = end + step
+            start = self._start = end + step  # what was decoded ends here
             if verdict is not None:
                 return verdict
         if self._buf is None:
@@ -151,17 +153,9 @@ class FirstToken:
         return True
 
     def _event(self, event: bytes) -> Verdict:
-        name: bytes | None = None
-        data: list[bytes] = []
-        for line in event.split(b"\n"):
-            line = line.rstrip(b"\r")
-            if line.startswith(b"data:"):
-                data.append(line[5:].lstrip(b" "))
-            elif line.startswith(b"event:"):
-                name = line[6:].strip()
-        if not data:
+        name, raw = fields(event)
+        if raw is None:
             return None  # a comment or keep-alive
-        raw = b"\n".join(data)
         if raw.strip() == b"[DONE]":
             return _EMPTY
         try:
@@ -173,22 +167,14 @@ class FirstToken:
         error = error_of(payload)
         if error is not None:
             return UpstreamError(*error, raw)
+        self._events.append((name, payload))  # the translator after the gate takes it as it is
         return COMMITTED if self.carries_content(name, payload) else None
 
-    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+    def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         raise NotImplementedError
 
 
 _BEGINS_AS_CONTENT = re.compile(rb'"(?:content|text|delta|arguments|partial_json|thinking)"\s*:\s*"[^"]')
-
-
-def _boundary(text: bytes | bytearray, pos: int) -> tuple[int, int]:
-    """Where the next event ends (and how long its blank line is), searching from ``pos``."""
-    lf = text.find(b"\n\n", pos)
-    crlf = text.find(b"\n\r\n", pos, lf if lf >= 0 else len(text))
-    if crlf >= 0:
-        return crlf, 3
-    return lf, 2
 
 
 _DELTA_CONTENT = ("content", "tool_calls", "function_call", "refusal", "reasoning_content", "reasoning",
@@ -203,7 +189,7 @@ class OpenAIFirstToken(FirstToken):
     __slots__ = ()
     compact_content = True
 
-    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+    def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         choices = payload.get("choices")
         if not isinstance(choices, list):
             return False
@@ -234,7 +220,7 @@ class AnthropicFirstToken(FirstToken):
 
     __slots__ = ()
 
-    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+    def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         kind = payload.get("type")
         if kind == "content_block_delta":
             delta = payload.get("delta")
@@ -266,7 +252,7 @@ class ResponsesFirstToken(FirstToken):
 
     __slots__ = ()
 
-    def carries_content(self, name: bytes | None, payload: dict[str, Any]) -> bool:
+    def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         kind = payload.get("type")
         if kind == "response.output_item.added":
             item = payload.get("item")
@@ -276,16 +262,12 @@ class ResponsesFirstToken(FirstToken):
     def _event(self, event: bytes) -> Verdict:
         verdict = super()._event(event)
         if verdict is COMMITTED and b'"response.failed"' in event:
-            failed = orjson.loads(_data(event))
+            failed = orjson.loads(data_of(event))
             error = (failed.get("response") or {}).get("error") or {}
             found = error_of({"error": error if isinstance(error, dict) and error else {"message": "failed"}})
             assert found is not None
             return UpstreamError(*found, orjson.dumps({"error": error}))
         return verdict
-
-
-def _data(event: bytes) -> bytes:
-    return b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
 
 
 def error_of(payload: dict[str, Any]) -> tuple[int | None, str, str] | None:

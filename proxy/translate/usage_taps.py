@@ -15,120 +15,17 @@ from __future__ import annotations
 
 import re
 
-import orjson
-
-from ..bounds import MAX_EVENT_BYTES
-from ..errors import StreamTooLarge
-from ..memory import trim
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import error_of
-from .sse import data_frame, openai_error_event
+from .sse import EventFramer, data_frame, event_around, json_object, openai_error_event, split_events
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 
 __all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
 
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
-
-
-class _Framer:
-    """Cut bytes into complete SSE events; an event cut by a read waits for its end.
-
-    A pending event is held as a list of pieces, and a read searches only its own
-    bytes (and the two held before them, where a boundary may begin), so an event
-    that arrives over many reads costs its length once, not once per read. An
-    event past ``MAX_EVENT_BYTES`` raises :class:`StreamTooLarge`.
-    """
-
-    __slots__ = ("_pending", "_size", "_tail")
-
-    def __init__(self) -> None:
-        self._pending: list[bytes] = []  # truthy while an event waits for its end
-        self._size = 0
-        self._tail = b""  # the last two bytes held: a boundary may straddle two reads
-
-    def complete(self, data: bytes) -> bytes:
-        """The complete events ``data`` finishes (the prefix up to the last blank line)."""
-        if not self._pending:
-            end = _last_boundary(data)
-            if end == len(data):
-                return data
-            if end < 0:
-                self._hold(data)
-                return b""
-            self._hold(data[end:], data[:end])
-            return data[:end]
-        tail = self._tail
-        end = _last_boundary(tail + data)
-        if end < 0:
-            self._hold(data)
-            return b""
-        end -= len(tail)  # >= 1: what is held has no boundary, so this one ends inside data
-        self._pending.append(data[:end])
-        out = b"".join(self._pending)
-        self._pending, self._size, self._tail = [], 0, b""
-        if end < len(data):
-            self._hold(data[end:], out)
-        return out
-
-    def _hold(self, piece: bytes, partial: bytes = b"") -> None:
-        self._pending.append(piece)
-        self._size += len(piece)
-        self._tail = (self._tail + piece[-2:])[-2:]
-        if self._size > MAX_EVENT_BYTES:
-            self._pending, self._size, self._tail = [], 0, b""
-            trim()  # the megabytes just dropped go back to the system, not to the heap's high-water mark
-            raise StreamTooLarge(MAX_EVENT_BYTES, partial)
-
-    def rest(self) -> bytes:
-        rest = b"".join(self._pending)
-        self._pending, self._size, self._tail = [], 0, b""
-        return rest
-
-
-def _last_boundary(data: bytes) -> int:
-    """Where the last blank line of ``data`` ends, or -1. rfind runs in C: this sees every read."""
-    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
-    return max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
-
-
-def _events(block: bytes) -> list[bytes]:
-    """Split complete events, each keeping its own terminator so they rejoin unchanged."""
-    out: list[bytes] = []
-    start = 0
-    for match in _EVENT_END.finditer(block):
-        out.append(block[start : match.end()])
-        start = match.end()
-    if start < len(block):
-        out.append(block[start:])
-    return out
-
-
-def _event_around(block: bytes, pos: int) -> tuple[int, int]:
-    """The bounds of the complete event that holds ``pos`` (blocks end on an event boundary).
-
-    Each search is bounded by the nearest boundary already found, so finding one
-    event costs its own length, not the block's."""
-    lf = block.rfind(b"\n\n", 0, pos)
-    crlf = block.rfind(b"\n\r\n", max(lf, 0), pos)
-    start = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
-    lf = block.find(b"\n\n", pos)
-    crlf = block.find(b"\n\r\n", pos, lf + 2 if lf >= 0 else len(block))
-    if crlf >= 0:
-        return start, crlf + 3
-    return start, lf + 2 if lf >= 0 else len(block)
-
-
-def _data(event: bytes) -> bytes:
-    """The event's data; most events are one ``data:`` line, which needs no split."""
-    text = event.rstrip()
-    if text.startswith(b"data:") and b"\n" not in text:
-        return text[5:].lstrip()
-    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
-    return b"\n".join(lines)
 
 
 def _usage_objects(block: bytes) -> list[int]:
@@ -157,12 +54,12 @@ class OpenAIUsageTap:
         self.keep = keep_usage_chunk
         self.usage: dict[str, int] | None = None
         self.done = False
-        self._framer = _Framer()
+        self._framer = EventFramer()
 
     def feed(self, data: bytes) -> bytes:
         framer = self._framer
         # The common case: a read that ends on an event boundary, with nothing held back.
-        block = data if not framer._pending and data.endswith(b"\n\n") else framer.complete(data)
+        block = data if not framer.holding and data.endswith(b"\n\n") else framer.complete(data)
         if b"[DONE]" in block[-DONE_TAIL:]:
             self.done = True  # (an upstream that ends without it is done at finish() anyway)
         if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
@@ -175,7 +72,7 @@ class OpenAIUsageTap:
         # Look only at the events that hold a usage object, not at every event of the block.
         out, cut = [], 0
         for at in found:
-            start, end = _event_around(block, at)
+            start, end = event_around(block, at)
             if start < cut:
                 continue  # a second usage object inside an event already looked at
             instead = self._count(block[start:end])
@@ -203,12 +100,9 @@ class OpenAIUsageTap:
         The usage chunk is dropped whether its ``choices`` is empty (OpenAI) or holds choices that
         say nothing (LiteLLM's ``[{"index": 0, "delta": {}}]``); usage riding on a chunk that says
         something is cut from it, and the rest goes on."""
-        try:
-            chunk = orjson.loads(_data(event))
-        except orjson.JSONDecodeError:
-            return None
-        usage = chunk.get("usage") if isinstance(chunk, dict) else None
-        if not isinstance(usage, dict):
+        chunk = json_object(event)
+        usage = chunk.get("usage") if chunk is not None else None
+        if chunk is None or not isinstance(usage, dict):
             return None
         self.usage = usage_from_chat(usage)
         if self.keep:
@@ -232,15 +126,12 @@ def _says_nothing(choice: object) -> bool:
 def _raise_on_error_envelope(block: bytes) -> None:
     """An error envelope after the first token ends the stream with our own error event (and
     counts against the target) instead of passing as if it were part of the answer."""
-    events = _events(block)
+    events = split_events(block)
     for i, event in enumerate(events):
         if b'"error"' not in event:
             continue
-        try:
-            payload = orjson.loads(_data(event))
-        except orjson.JSONDecodeError:
-            continue
-        error = error_of(payload) if isinstance(payload, dict) else None
+        payload = json_object(event)
+        error = error_of(payload) if payload is not None else None
         if error is not None:
             _, kind, message = error
             exc = OpenAIStreamError(message, kind)
@@ -259,7 +150,7 @@ class AnthropicUsageTap:
     def __init__(self) -> None:
         self.usage: dict[str, int] | None = None
         self.done = False
-        self._framer = _Framer()
+        self._framer = EventFramer()
         self._upstream: dict[str, int] = {}
 
     def feed(self, data: bytes) -> bytes:
@@ -268,7 +159,7 @@ class AnthropicUsageTap:
             self.done = True
         if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
             return block
-        events = _events(block)
+        events = split_events(block)
         for i, event in enumerate(events):
             if b'"usage"' in event or b'"error"' in event:
                 try:
@@ -286,11 +177,8 @@ class AnthropicUsageTap:
         return anthropic_error_event(message)
 
     def _inspect(self, event: bytes) -> None:
-        try:
-            payload = orjson.loads(_data(event))
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(payload, dict):
+        payload = json_object(event)
+        if payload is None:
             return
         if payload.get("type") == "error":
             error = payload.get("error") or {}

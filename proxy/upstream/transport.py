@@ -20,7 +20,8 @@ import aiohttp
 from ..bounds import YIELD_EVERY
 from ..config import Provider
 from .connection import InterimFlood
-from .http1 import Answer, BadStatus, ConnectFailed, MalformedAnswer, Pool
+from .http1 import BadStatus, ConnectFailed, MalformedAnswer
+from .session_pool import UpstreamAnswer, UpstreamPool
 
 
 @dataclass(slots=True)  # built per request: a frozen init costs about three times as much
@@ -118,7 +119,7 @@ class HttpUpstream:
 
     __slots__ = ("_answer", "_content", "_encoded", "_pool", "_unyielded", "chunk", "headers", "status")
 
-    def __init__(self, answer: Answer, pool: Pool) -> None:
+    def __init__(self, answer: UpstreamAnswer, pool: UpstreamPool) -> None:
         self._answer = answer
         self._pool = pool
         self._content = answer.content
@@ -154,7 +155,7 @@ class HttpUpstream:
         self._content.set_exception(exc)
 
     def close(self) -> None:
-        self._pool.release(self._answer)
+        self._pool.release(self._answer)  # type: ignore[arg-type]  # the answer came from this pool
 
 
 class HttpTransport:
@@ -162,7 +163,7 @@ class HttpTransport:
     connect one; first chunk, idle and total are kept by ``proxy.walk.deadlines``, without a
     timer armed per attempt or re-armed on every read."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
 
     async def send(self, provider: Provider, req: UpstreamRequest) -> Upstream:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,8 @@ from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe import Finished
 from proxy.observe.accesslog import FLUSH_SECS, AccessLog
 from proxy.routing.decision import Attempt, Decision, Excluded, Ranked, parse_header
+
+from ..conftest import parse_text
 
 STARTED = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
 
@@ -48,26 +49,6 @@ def finished(decision: Decision | None = DECISION, **overrides: object) -> Finis
     )
     values.update(overrides)
     return Finished(**values)  # type: ignore[arg-type]
-
-
-_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]+)')
-
-
-def parse_text(line: str) -> tuple[str, dict[str, str]]:
-    """Read a text line the way the module doc promises: time, then bare or JSON values."""
-    time, _, rest = line.partition(" ")
-    fields: dict[str, str] = {}
-    pos = 0
-    while pos < len(rest):
-        match = _PAIR.match(rest, pos)
-        assert match is not None, f"unparsable at {rest[pos:]!r}"
-        raw = match.group(2)
-        fields[match.group(1)] = json.loads(raw) if raw.startswith('"') else raw
-        pos = match.end()
-        if pos < len(rest):
-            assert rest[pos] == " "
-            pos += 1
-    return time, fields
 
 
 async def test_text_line_carries_every_field_and_the_decision_last(tmp_path: Path) -> None:

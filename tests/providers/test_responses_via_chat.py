@@ -11,27 +11,21 @@ import pytest
 from aiohttp import web
 from openai.types.responses import ResponseFunctionToolCall
 
-from proxy.observe import Finished
-
 from ..anthropic_fakes import anthropic_provider, messages_handler
-from ..conftest import chunk_event, decision_of, ok_handler, openai_provider, route_config, sse, status_handler
+from ..conftest import (
+    Recorder,
+    chunk_event,
+    decision_of,
+    ok_handler,
+    openai_provider,
+    route_config,
+    sse,
+    status_handler,
+)
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                        "additionalProperties": False}, "strict": True}
-
-
-class Recorder:
-    """An observer that keeps every finished exchange (the access log, metrics and ledger read the same)."""
-
-    def __init__(self) -> None:
-        self.seen: list[Finished] = []
-
-    def on_finished(self, finished: Finished) -> None:
-        self.seen.append(finished)
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from proxy.state import State
 from proxy.state.budget import CAP, RESERVE, HedgeBudget
 from proxy.state.tracker import BUFFERED, STREAMED
 
-from .test_plan import NOW, config, fig, t
+from .conftest import NOW, config, fig, t
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ in eligibility, ordering or the header grammar shows up here first.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,32 +15,9 @@ from proxy.config import Config, Cooldown, parse_config
 from proxy.routing.plan import Ask, Refused, plan
 from proxy.state import State
 
-NOW = 1000.0
-Setup = Callable[[State], None]
-
-
-def t(provider: str, **extra: Any) -> dict[str, Any]:
-    return {"provider": provider, "model": "m", **extra}
-
-
-def config(strategy: str, targets: list[dict[str, Any]], **route: Any) -> Config:
-    providers: dict[str, Any] = {p: {"kind": "simulated"} for p in ("a", "b", "c", "d")}
-    providers["nokey"] = {"kind": "openai", "base_url": "http://127.0.0.1:9", "api_key_env": "UNSET_KEY"}
-    raw = {"providers": providers, "routes": {"chat": {"strategy": strategy, "targets": targets, **route}}}
-    return parse_config(raw, env={})
-
+from .conftest import NOW, Setup, config, fig, t
 
 # State builders: each returns a function that moves a fresh State into shape.
-
-
-def fig(name: str, *secs: float, ago: float = 0.0) -> Setup:
-    """Samples of time to first chunk for target ``name``, the newest ``ago`` seconds before NOW."""
-
-    def setup(s: State) -> None:
-        for x in secs:
-            s.tracker.record((name, "m"), x, NOW - ago)
-
-    return setup
 
 
 def opened(name: str, ago: float = 0.0, secs: float = 30.0) -> Setup:

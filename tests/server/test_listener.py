@@ -16,8 +16,7 @@ from proxy.observe.hub import Hub
 from proxy.server.listener import LINGER, Guard, GuardedRunner
 from proxy.server.ops import build_ops_app
 
-from ..conftest import make_config, ok_handler, openai_provider, route_config
-from .test_request import assert_openai_error, exchange, post_head
+from ..conftest import assert_openai_error, exchange, make_config, ok_handler, openai_provider, post_head, route_config
 
 CHAT = orjson.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
 FAST = {"header_timeout": 0.3, "body_timeout": 0.3, "keepalive_timeout": 0.3, "max": 8}

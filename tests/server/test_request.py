@@ -3,7 +3,6 @@ client library would tidy the input away; every refusal in the OpenAI error shap
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import zlib
 
@@ -12,41 +11,9 @@ import pytest
 
 from proxy.routing.decision import parse_header
 
-from ..conftest import ok_handler, openai_provider, route_config
+from ..conftest import assert_openai_error, exchange, ok_handler, openai_provider, post_head, route_config
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-
-
-async def exchange(port: int, head: bytes, body: bytes = b"",
-                   timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
-    """One request over a raw socket; the status, headers and body of the answer (status 0: none)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(head + body)
-        raw = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    if not raw:
-        return 0, {}, b""
-    top, _, rest = raw.partition(b"\r\n\r\n")
-    lines = top.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return int(lines[0].split()[1]), headers, rest
-
-
-def post_head(length: int, path: str = "/v1/chat/completions", extra: bytes = b"") -> bytes:
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            b"Content-Length: %d\r\n%s\r\n" % (path.encode(), length, extra))
-
-
-def assert_openai_error(status: int, body: bytes, want: int, code: str | None = None) -> dict[str, object]:
-    assert status == want, body[:300]
-    err = orjson.loads(body)["error"]
-    assert isinstance(err["message"], str) and err["message"]
-    assert {"message", "type", "param", "code"} <= set(err)
-    if code is not None:
-        assert err["code"] == code, err
-    return err
 
 
 @pytest.fixture

@@ -246,3 +246,24 @@ async def test_the_page_in_a_browser_shows_routes_targets_and_a_breaker_opening_
     (tmp_path / "status.png").write_bytes(png)
     if os.environ.get("FIRSTBYTE_SCREENSHOT"):
         Path(os.environ["FIRSTBYTE_SCREENSHOT"]).write_bytes(png)
+
+
+async def test_the_fleet_link_shows_the_fleet_it_is_in(upstreams: Any, redis_server: Any) -> None:
+    from tests.redis_server import PASSWORD
+
+    good: FakeUpstream = await upstreams({"*": ok_handler("hi")})
+    raw = two_routes(good.url, good.url)
+    raw["state"] = {"redis": redis_server.url, "fleet": "status-page", "password_env": "FLEET_PASSWORD"}
+    r = await start(raw, {"FLEET_PASSWORD": PASSWORD})
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            fleet = orjson.loads((await get(r.ops_url + "/status/data"))[2])["fleet"]
+            if fleet["link"] == "in-fleet" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert fleet["link"] == "in-fleet" and fleet["fleet"] == "status-page" and fleet["state"] == "in-fleet"
+    finally:
+        for runner in r.runners:
+            await runner.cleanup()
+        await r.hub.close()

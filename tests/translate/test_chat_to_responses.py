@@ -11,8 +11,7 @@ from pydantic import TypeAdapter
 
 from proxy.translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response
 
-from ..conftest import chunk_event, sse
-from .test_responses_to_chat import FN
+from ..conftest import FN, chunk_event, sse
 
 
 def _chat(message: dict[str, Any], finish: str = "stop", usage: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import pytest
 from proxy.translate.chat_to_anthropic import TranslationError
 from proxy.translate.responses_to_chat import responses_to_chat
 
-FN = {"type": "function", "name": "get_weather", "description": "Weather now",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+from ..conftest import FN
+
 CHAT_FN = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                             "parameters": FN["parameters"]}}
 

@@ -21,9 +21,7 @@ from proxy.upstream.connection import HEAD_BYTES, INTERIM_MAX, InterimFlood
 from proxy.upstream.http1 import QUIET, BadStatus, Pool
 from proxy.upstream.transport import failure_of
 
-from .test_http1 import _ca_and_leaf, read_head, reply, reused, serve, whole
-
-__all__ = ["serve"]  # the fixture, used by name
+from .conftest import ca_and_leaf, read_head, reply, reused, whole
 
 EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </x.css>; rel=preload\r\n\r\n"
 
@@ -310,7 +308,7 @@ async def _two_calls(tls: Path | None) -> int:
     server_ctx = None
     client_ctx = None
     if tls is not None:
-        ca, leaf = _ca_and_leaf(tls, "localhost")
+        ca, leaf = ca_and_leaf(tls, "localhost")
         server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         server_ctx.load_cert_chain(leaf)
         client_ctx = ssl.create_default_context(cafile=str(ca))

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import gzip
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -27,96 +25,7 @@ from proxy.upstream.transport import failure_of
 
 from ..anthropic_fakes import anthropic_provider, messages_handler
 from ..conftest import route_config
-
-Answer = Callable[[bytes], bytes | None]  # request bytes -> answer bytes (None: say nothing)
-
-
-def reply(body: bytes, *headers: str, status: str = "200 OK") -> bytes:
-    head = "".join(f"{h}\r\n" for h in headers)
-    return f"HTTP/1.1 {status}\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
-
-
-async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, int]:
-    """A request's head as sent, and the body length it declares."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head, length
-
-
-class Server:
-    """Counts connections, keeps each request it read, answers by ``answer`` and notices closes."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
-        self.connections = 0
-        self.closed = 0
-        self.requests: list[bytes] = []
-        self.writers: list[asyncio.StreamWriter] = []
-        self.tasks: list[asyncio.Task[None]] = []
-        self.url = ""
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self.writers.append(writer)
-        self.tasks.append(asyncio.current_task())  # type: ignore[arg-type]
-        try:
-            while True:
-                head, length = await read_head(reader)
-                request = head + await reader.readexactly(length)
-                self.requests.append(request)
-                answer = self.answer(request)
-                if answer is not None:
-                    writer.write(answer)
-                    await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.closed += 1
-            writer.close()
-
-    async def start(self) -> Server:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        return self
-
-    async def stop(self) -> None:
-        for writer in self.writers:
-            writer.close()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.server.close()
-        await self.server.wait_closed()
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Answer], Awaitable[Server]]]:
-    servers: list[Server] = []
-
-    async def start(answer: Answer) -> Server:
-        server = await Server(answer).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        await server.stop()
-
-
-async def whole(pool: Pool, url: str, body: bytes = b"{}", headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    answer = await pool.request("POST", url, headers or {}, body, 5.0)
-    try:
-        return answer.status, await answer.content.read()
-    finally:
-        pool.release(answer)
-
-
-async def reused(pool: Pool, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
-    """``whole`` once the last released connection has been quiet long enough to be reused."""
-    await asyncio.sleep(QUIET)
-    return await whole(pool, url, body)
+from .conftest import ca_and_leaf, read_head, reply, reused, whole
 
 
 async def until(check: Callable[[], bool]) -> None:
@@ -412,33 +321,9 @@ async def test_connect_moves_on_to_the_next_address_when_the_first_does_not_answ
 # A trailing-dot FQDN (the k8s "svc.cluster.local." habit): resolved with its dot, but SNI, the
 # certificate check and Host use the name without it, as aiohttp does.
 
-def _ca_and_leaf(tmp: Path, dns: str) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    day = datetime.timedelta(days=1)
-    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "review ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(1).not_valid_before(now - day).not_valid_after(now + day)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns)]))
-            .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(2)
-            .not_valid_before(now - day).not_valid_after(now + day)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    (tmp / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (tmp / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + leaf_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return tmp / "ca.pem", tmp / "leaf.pem"
-
 
 async def test_a_trailing_dot_host_is_verified_and_sent_without_its_dot(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    ca, leaf = _ca_and_leaf(tmp_path, "upstream.test")
+    ca, leaf = ca_and_leaf(tmp_path, "upstream.test")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(leaf)
     heads: list[bytes] = []
@@ -663,6 +548,52 @@ async def test_a_reused_connection_that_began_answering_is_not_tried_again() -> 
         with pytest.raises(aiohttp.ServerDisconnectedError):  # it heard the request: a real failure
             await pool.request("POST", url, {}, b"", 5.0)
         assert len(connections) == 1
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_http1_does_not_send_a_request_again_that_the_upstream_was_processing() -> None:
+    """The retry is meant for a keep-alive that ran out as the request crossed it. An upstream that
+    read the request, worked on it (an LLM call: paid tokens) and then dropped the connection
+    without a byte (a crash, a proxy's idle cut) also 'sent nothing back': the pool sends the
+    whole POST a second time. Go's net/http, urllib3 and aiohttp replay only what was never
+    written or is idempotent; firstbyte must not pay twice for one call."""
+    from proxy.upstream.http1 import QUIET, Pool
+
+
+    processed: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head, length = await read_head(reader)
+                body = await reader.readexactly(length)
+                processed.append(body)
+                if len(processed) == 1:
+                    writer.write(reply(b"{}"))
+                    await writer.drain()
+                    continue
+                await asyncio.sleep(0.3)  # it works on the request... then dies without a word
+                return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    pool = Pool()
+    try:
+        answer = await pool.request("POST", url, {}, b'{"n":1}', 5.0)
+        await answer.content.read()
+        pool.release(answer)
+        await asyncio.sleep(QUIET)  # quiet long enough to be reused
+        with pytest.raises(Exception):  # noqa: B017 - any failure: the point is how many calls were made
+            await asyncio.wait_for(pool.request("POST", url, {}, b'{"n":2}', 5.0), 5)
+        second = processed.count(b'{"n":2}')
+        assert second == 1, f"the upstream processed one call {second} times"
     finally:
         pool.close()
         server.close()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -14,13 +14,21 @@ import pytest
 from aiohttp import web
 
 from proxy.config import parse_config
+from proxy.observe import Finished
 from proxy.routing.decision import duplicate_calls
 
 from ..anthropic_fakes import anthropic_provider, text_events
-from ..conftest import chat_body, chunk_event, decision_of, openai_provider, route_config, status_handler
-from ..providers.test_responses_via_chat import Recorder
-
-CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+from ..conftest import (
+    CHAT,
+    Recorder,
+    chat_body,
+    chunk_event,
+    decision_of,
+    openai_provider,
+    route_config,
+    status_handler,
+    until,
+)
 
 
 class Timed:
@@ -67,13 +75,6 @@ async def race_proxy(upstreams, proxy, handlers: dict[str, Any], strategy: str =
     return ups, await proxy(config, observers=observers)
 
 
-async def until(ready: Callable[[], bool], secs: float = 5.0) -> None:
-    """Wait (bounded) for a condition on the proxy's state; the caller's assert says what failed."""
-    deadline = time.monotonic() + secs
-    while not ready() and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-
-
 async def settle(*handlers: Timed, want: int, secs: float = 3.0) -> None:
     """Wait (bounded) until the upstreams have seen ``want`` calls end one way or the other."""
     deadline = time.monotonic() + secs
@@ -93,7 +94,9 @@ async def test_a_hedge_starts_after_the_delay_and_the_first_token_wins(upstreams
     assert [name for name, _ in d.race] == ["a", "b"]
     assert d.race[0] == ("a", "leader") and d.race[1][1].startswith("hedge 0.2")
     assert [outcome.split()[0] for _, outcome in d.attempt_outcomes()] == ["lost", "200"]
-    assert b.starts[0] - a.starts[0] >= 0.2  # not before `after`
+    # Not before `after`, counted from when the client sent (the race starts after that): counted from a's
+    # arrival upstream it read 0.198 s on a loaded machine, a's connect being inside the 0.2 s, not before it.
+    assert b.starts[0] - t0 >= 0.2
     assert took < 0.6  # the leader's own first token would have come at 1.0 s
     await settle(a, b, want=2)
     assert a.cut == 1  # the loser's upstream saw its connection closed
@@ -629,3 +632,159 @@ async def test_a_failing_pin_fails_over_unraced_and_still_earns_the_budget(upstr
     await until(lambda: bool(finished))
     assert finished[0].decision.failovers == 1
     assert p.gateway.state.budget("chat", 0.5).tokens == 1.5  # the start's token and this request's share
+
+
+async def test_a_hedge_that_rejects_the_request_does_not_beat_a_leader_that_answers(upstreams, proxy):
+    """A hedge exists because the leader was slow; its client error (a 400 this target alone gives,
+    e.g. a parameter its model does not take) must not cancel a leader that would have answered.
+    Without hedging the client gets the leader's 200, so hedging made the request worse."""
+    a = Timed(first=0.5, text="from-a")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": status_handler(400, "unsupported param")},
+                              hedge={"after": 0.1})
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "a" and b"from-a" in body, (status, headers.get("x-route-decision"))
+    await settle(a, want=1)
+    assert a.cut == 0
+
+
+async def test_a_measuring_loser_is_not_retried_after_the_answer(upstreams, proxy):
+    """An explored loser runs on only to be measured; once it fails, retrying it (with backoff, after
+    the client already has its answer) buys no figure and is upstream calls nobody paid for."""
+    calls = 0
+
+    async def slow_503(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.1)
+        return web.json_response({"error": {"message": "busy", "type": "server_error"}}, status=503)
+
+    a = Timed(first=0.01, text="from-b")
+    ua = await upstreams({"/v1/chat/completions": slow_503})
+    ub = await upstreams({"/v1/chat/completions": a})
+    p = await proxy(route_config([{"provider": "a", "model": "m", "retry": 2}, {"provider": "b", "model": "m"}],
+                                 {"a": openai_provider(ua.url), "b": openai_provider(ub.url)}, "fastest",
+                                 fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1}))
+    # Cold start: "a" (unmeasured, first) is measured by racing "b", which leads and answers at once.
+    status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert status == 200 and d.served == "b" and ("a", "measure") in d.race, headers["x-route-decision"]
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert calls == 1, f"the measuring loser was called {calls} times after the answer"
+    assert sum(ts.in_flight for ts in p.gateway.state.targets.values()) == 0
+
+
+async def test_a_client_that_leaves_as_a_racer_commits_leaks_no_slot(upstreams, proxy, monkeypatch):
+    """The client's departure lands in the same turn of the loop as a racer's commit: the request
+    task is cancelled before it can take the winner's lease to the relay. The lease (its upstream
+    connection, the target's in_flight and its limiter slot) must be let go, not held until its
+    600 s total deadline, which only aborts the read and never gives the slot back."""
+    from proxy.walk import race as race_mod
+    from proxy.walk.walker import Walker
+
+    races: list[race_mod.Race] = []
+    orig_init = race_mod.Race.__init__
+
+    def init(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        races.append(self)
+
+    orig_try = Walker.try_target
+
+    async def try_target(self, result, *args, **kwargs):
+        over = await orig_try(self, result, *args, **kwargs)
+        race = races[-1] if races else None
+        if over and result.served and race is not None and asyncio.current_task() is not race.task:
+            race.task.cancel()  # the client hangs up in this very turn
+        return over
+
+    monkeypatch.setattr(race_mod.Race, "__init__", init)
+    monkeypatch.setattr(Walker, "try_target", try_target)
+    a, b = Timed(first=1.0), Timed(first=0.05, text="from-b")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, hedge={"after": 0.1})
+    with contextlib.suppress(Exception):  # the server drops the request: the client is gone
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    assert len(b.starts) == 1
+    await settle(a, want=1)
+    await asyncio.sleep(0.3)
+    left = {key: ts.in_flight for key, ts in p.gateway.state.targets.items() if ts.in_flight}
+    assert left == {}, f"in flight after the client left: {left}"
+
+
+async def test_a_stale_target_the_budget_cannot_race_is_not_sent_clients_inline(upstreams, proxy):
+    """Staleness exploring exists because, under a race, exploring costs the client nothing. When
+    the budget refuses the race, the stale (slow) target must not lead the request alone: that is
+    a gamble a route without `hedge` never takes (``explore: 0`` here), so turning hedging on made
+    clients wait for the slow target every `refresh` seconds."""
+    a, b = Timed(first=0.01, text="fast"), Timed(first=0.3, text="slow")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 0.01, "refresh": 0.3})
+    for _ in range(3):  # cold start: both measured (the bucket's first token pays the first race)
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    await settle(a, b, want=2)
+    slow = []
+    t_end = time.monotonic() + 2.0
+    while time.monotonic() < t_end:
+        t0 = time.monotonic()
+        status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+        if time.monotonic() - t0 > 0.2:
+            slow.append(headers["x-route-decision"])
+        await asyncio.sleep(0.02)
+    assert slow == [], f"{len(slow)} clients waited for the stale target: {slow[:2]}"
+
+
+class Closing:
+    """An observer that notes what it is handed after it was closed (a closed access log or ledger)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Finished] = []
+        self.after_close: list[Finished] = []
+        self.closed = False
+
+    def on_finished(self, finished: Finished) -> None:
+        (self.after_close if self.closed else self.seen).append(finished)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def _explore_once(upstreams, proxy, b_first: float, observer: Any):
+    """A fastest route whose next request explores b (slow now) beside a: a answers, b runs on."""
+    a, b = Timed(first=0.02), Timed(first=0.3, text="slow")
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1, "cap": 100},
+                              observers=[observer])
+    for _ in range(2):
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    await settle(a, b, want=3)
+    state = p.gateway.state
+    await until(lambda: state.tracker.samples(("b", "m")) >= 1 and not state.in_flight(("b", "m")))
+    route = p.gateway.config.routes["chat"]
+    p.gateway.apply(parse_config({**_raw(p), "routes": {"chat": {**_raw_route(route), "fastest": {
+        "explore": 1.0, "seed": 1}}}}, {}))
+    b.first = b_first
+    status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    assert d.served == "a" and ("b", "measuring") in d.attempt_outcomes()
+    return a, b, p, d
+
+
+async def test_shutdown_with_a_measuring_loser_keeps_its_record(upstreams, proxy):
+    """9cc68bc: the record waits for the explored loser; the gateway's close cancels that loser
+    (Background.close). The record must reach the observers before their owner closes them, and
+    must still name b (a cancelled racer appends no attempt, and _merged(lost) leaves it out)."""
+    observer = Closing()
+    a, b, p, d = await _explore_once(upstreams, proxy, 8.0, observer)
+    await asyncio.sleep(0.1)
+    assert not any(f.decision is not None and f.decision.id == d.id for f in observer.seen)  # still waiting
+    gw = p.gateway
+    await gw.close()  # what serve() does after the drain...
+    await observer.close()  # ...then Hub.close()
+    await asyncio.sleep(0.2)
+    mine = [f for f in observer.seen + observer.after_close if f.decision is not None and f.decision.id == d.id]
+    assert len(mine) == 1, "the record was lost"
+    assert not observer.after_close, "the record reached an observer after it was closed"
+    names = [x.name for x in mine[0].decision.attempts]
+    assert "b" in names, f"the explored racer vanished from the record: {mine[0].decision.attempts}"

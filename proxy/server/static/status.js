@@ -73,8 +73,11 @@
     document.getElementById("reload").textContent = (d.reload_ok ? "loaded " : "last reload REFUSED; loaded ") + ago(d.loaded_at, d.now)
       + (d.draining ? " · draining" : "");
     const fleet = document.getElementById("fleet-state");
-    fleet.textContent = d.fleet.link;
-    fleet.className = d.fleet.link === "alone" ? "alone" : "linked";
+    const f = d.fleet;
+    fleet.textContent = f.fleet === undefined ? f.link
+      : f.link === "in-fleet" ? `in fleet ${f.fleet} as ${f.instance} since ${f.since}, peers: ${f.peers.join(", ") || "none"}`
+      : `alone (fleet ${f.fleet}: ${f.reason || "not linked"})`;
+    fleet.className = f.link === "in-fleet" ? "linked" : "alone";
     const hist = d.history;
 
     const routes = document.querySelector("#routes tbody");

@@ -1,0 +1,53 @@
+"""A peer's events folded into the local state: through State's heard_* methods, never told back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.fleet.fold import Peers, fold
+from proxy.state import State
+
+KEYS = {"u|m": [("a", "m"), ("b", "m")]}  # one upstream, two local names
+
+
+def folded(*wires: list[Any], now: float = 100.0) -> tuple[State, list[Any], int]:
+    state, told = State(), []
+    state.listener = told.append
+    applied = fold(state, "peer", list(wires), KEYS, now, lambda wall: wall - 1000.0, Peers())
+    return state, told, applied
+
+
+def test_a_sample_reaches_every_local_name_of_the_upstream_and_is_not_told_back() -> None:
+    state, told, applied = folded(["s", "u|m", "streamed", 0.2, 1099.0])
+    assert applied == 2 and told == []
+    assert state.tracker.samples(("a", "m")) == state.tracker.samples(("b", "m")) == 1
+    assert state.tracker.age(("a", "m"), 100.0) == 1.0  # taken at the peer's wall time, on our clock
+
+
+def test_a_sample_from_a_clock_ahead_lands_now() -> None:
+    state, _, _ = folded(["s", "u|m", "streamed", 0.2, 1200.0])
+    assert state.tracker.age(("a", "m"), 100.0) == 0.0
+
+
+def test_failures_count_together_and_open_at_the_threshold() -> None:
+    state, _, _ = folded(*[["f", "u|m", "503", 3, 30.0]] * 3)
+    health = state.health(("a", "m"), 100.0)
+    assert health.state == "open" and health.seconds_left == 30.0
+
+
+def test_an_opening_and_a_cooldown_arrive_as_deadlines() -> None:
+    state, _, _ = folded(["o", "u|m", 1130.0, 30.0], ["r", "u|m", 1110.0])
+    assert state.health(("a", "m"), 100.0).seconds_left == 30.0
+    assert state.health(("b", "m"), 100.0).cooling == 10.0
+
+
+def test_a_malformed_event_is_skipped_alone() -> None:
+    state, _, applied = folded(["s", "u|m", "no-such-mode", 0.2, 1099.0], ["r", "u|m", 1110.0])
+    assert applied == 2  # the cooldown, on both names
+    assert state.tracker.samples(("a", "m")) == 0
+
+
+def test_peers_loads_expire() -> None:
+    peers = Peers()
+    peers.heard("p1", {"u|m": 2}, 0.0)
+    assert peers.in_flight("u|m", 1.0) == 2 and peers.in_flight("u|m", 3.0) == 0

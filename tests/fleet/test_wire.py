@@ -1,0 +1,52 @@
+"""The fleet's wire form: fleet ids by what a target is, events in and out, nothing private."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.fleet.wire import decode, dumps, encode, fleet_ids
+
+from ..conftest import make_config
+
+FID = {("groq", "m"): "https://api.example/v1|m"}
+
+
+def test_a_target_is_named_by_its_address_and_model_not_its_local_name() -> None:
+    raw = {"providers": {"a": {"kind": "openai", "base_url": "https://api.example/v1"},
+                         "b": {"kind": "openai", "base_url": "https://api.example/v1"},
+                         "s": {"kind": "simulated"}},
+           "routes": {"r": {"targets": [{"provider": "a", "model": "m"}, {"provider": "b", "model": "m"},
+                                        {"provider": "s", "model": "m"}]}}}
+    ids = fleet_ids(make_config(raw))
+    assert ids[("a", "m")] == ids[("b", "m")] == "https://api.example/v1|m"
+    assert ids[("s", "m")] == "simulated:s|m"
+
+
+@pytest.mark.parametrize(("event", "wire"), [
+    pytest.param(("s", ("groq", "m"), "streamed", 0.25), ["s", FID[("groq", "m")], "streamed", 0.25, 100.0],
+                 id="sample-with-its-wall-time"),
+    pytest.param(("c", ("groq", "m"), "buffered", 2.0), ["c", FID[("groq", "m")], "buffered", 2.0, 100.0],
+                 id="censored-sample"),
+    pytest.param(("f", ("groq", "m"), "503", 3, 30.0), ["f", FID[("groq", "m")], "503", 3, 30.0],
+                 id="failure-with-its-threshold"),
+    pytest.param(("o", ("groq", "m"), 50.0, 30.0), ["o", FID[("groq", "m")], 1050.0, 30.0],
+                 id="opening-deadline-as-wall-clock"),
+    pytest.param(("r", ("groq", "m"), 20.0), ["r", FID[("groq", "m")], 1020.0], id="retry-after-as-wall-clock"),
+    pytest.param(("p", ("groq", "m")), None, id="probe-release-stays-local"),
+    pytest.param(("s", ("other", "m"), "streamed", 0.1), None, id="unknown-target-left-out"),
+])
+def test_events_travel_with_wall_clock_times(event: tuple[Any, ...], wire: list[Any] | None) -> None:
+    out = encode([(event, 100.0)], FID, lambda mono: mono + 1000.0)
+    assert out == ([] if wire is None else [wire])
+    assert decode(dumps(out)) == out
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param(b"not json", id="not-json"),
+    pytest.param(b'{"a": 1}', id="not-a-list"),
+    pytest.param(b'[["s", "x"], ["zz", "x", 1], 5]', id="wrong-arity-unknown-kind-not-a-list"),
+])
+def test_a_malformed_batch_is_dropped(payload: bytes) -> None:
+    assert decode(payload) == []

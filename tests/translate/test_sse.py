@@ -1,0 +1,126 @@
+"""translate/sse.py: the one SSE framing every gate, tap and translator reads through."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.bounds import MAX_EVENT_BYTES
+from proxy.errors import StreamTooLarge
+from proxy.translate.anthropic_to_chat import AnthropicStreamToOpenAI
+from proxy.translate.first_token import AnthropicFirstToken, OpenAIFirstToken
+from proxy.translate.sse import (
+    EventFramer,
+    Opening,
+    SseDecoder,
+    data_of,
+    event_around,
+    fields,
+    last_event_end,
+    opening_events,
+    split_events,
+)
+
+
+@pytest.mark.parametrize(
+    ("event", "name", "data"),
+    [
+        pytest.param(b"data: x\n\n", None, b"x", id="one-space-dropped"),
+        pytest.param(b"data:x\n\n", None, b"x", id="no-space"),
+        pytest.param(b"data:  x\n\n", None, b" x", id="only-one-space-dropped"),
+        pytest.param(b"event: ping\ndata: {}\n\n", "ping", b"{}", id="named"),
+        pytest.param(b"data: a\r\ndata: b\r\n\r\n", None, b"a\nb", id="crlf-lines-joined"),
+        pytest.param(b": keep-alive\n\n", None, None, id="comment-has-no-data"),
+        pytest.param(b"event: x\n\n", "x", None, id="name-without-data"),
+        pytest.param(b"data\n\n", None, b"", id="field-without-colon"),
+        pytest.param(b"datum: x\n\n", None, None, id="another-field-is-not-data"),
+    ],
+)
+def test_an_events_fields_follow_the_sse_rule(event: bytes, name: str | None, data: bytes | None) -> None:
+    """first_token stripped every space after ``data:``, usage_taps every whitespace, the decoder one:
+    one rule now, the spec's (one optional space)."""
+    assert fields(event) == (name, data)
+    assert data_of(event) == (data or b"")
+
+
+@pytest.mark.parametrize(
+    ("block", "events"),
+    [
+        pytest.param(b"data: 1\n\ndata: 2\n\n", [b"data: 1\n\n", b"data: 2\n\n"], id="lf"),
+        pytest.param(b"data: 1\r\n\r\ndata: 2\n\n", [b"data: 1\r\n\r\n", b"data: 2\n\n"], id="crlf-then-lf"),
+        pytest.param(b"data: 1\n\ndata: 2", [b"data: 1\n\n", b"data: 2"], id="unfinished-last"),
+    ],
+)
+def test_a_block_splits_into_events_that_rejoin_unchanged(block: bytes, events: list[bytes]) -> None:
+    assert split_events(block) == events
+    assert b"".join(events) == block
+
+
+def test_the_event_around_a_position_is_found_and_the_last_boundary_is_where_the_block_ends() -> None:
+    block = b"data: 1\n\ndata: {\"usage\": {}}\r\n\r\ndata: 3\n\n"
+    start, end = event_around(block, block.index(b"usage"))
+    assert block[start:end] == b"data: {\"usage\": {}}\r\n\r\n"
+    assert last_event_end(block) == len(block)
+    assert last_event_end(b"data: 1") == -1
+
+
+@pytest.mark.parametrize("size", [pytest.param(1, id="byte-by-byte"), pytest.param(7, id="seven-bytes")])
+def test_events_are_whole_whatever_the_read_boundaries(size: int) -> None:
+    stream = b"event: a\ndata: {\"x\": 1}\n\n: ping\n\ndata: \xc3\xa9\r\n\r\n"
+    framer, decoder = EventFramer(), SseDecoder()
+    framed, decoded = b"", []
+    for i in range(0, len(stream), size):
+        framed += framer.complete(stream[i:i + size])
+        decoded += decoder.feed(stream[i:i + size])
+    assert framed == stream
+    assert decoded == [("a", b'{"x": 1}'), (None, "é".encode())]
+
+
+def test_an_event_without_end_is_cut_at_the_bound_after_the_complete_ones() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: 1\n\ndata: " + b"x" * (MAX_EVENT_BYTES + 1)) == [(None, b"1")]
+    with pytest.raises(StreamTooLarge):
+        decoder.feed(b"more")
+
+
+ANTHROPIC_OPENING = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":3}}}\n\n'
+    b'event: ping\ndata: {"type":"ping"}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+)
+
+
+def test_the_gate_hands_on_the_events_it_decoded_with_the_opening() -> None:
+    gate = AnthropicFirstToken()
+    assert gate.feed(ANTHROPIC_OPENING + b'event: content_block_delta\ndata: {"type":"content_block_')
+    held = gate.held
+    assert type(held) is Opening
+    events, rest = opening_events(held)
+    assert [e["type"] for _, e in events] == ["message_start", "ping", "content_block_start", "content_block_delta"]
+    assert [name for name, _ in events] == ["message_start", "ping", "content_block_start", "content_block_delta"]
+    assert rest == b'event: content_block_delta\ndata: {"type":"content_block_'
+
+
+def test_a_translator_does_not_decode_the_opening_again() -> None:
+    """What the gate decoded reaches the translator as objects: its bytes are not parsed a second time
+    (shown with an opening whose bytes would not parse)."""
+    events = [(name, orjson.loads(data_of(e))) for e in split_events(ANTHROPIC_OPENING)
+              for name in [fields(e)[0]]]
+    garbled = b"x" * len(ANTHROPIC_OPENING)
+    opening = Opening(garbled + b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                                b'"delta":{"type":"text_delta","text":" there"}}\n\n')
+    opening.events, opening.decoded = events, len(garbled)
+    out = AnthropicStreamToOpenAI("m", include_usage=False).feed(opening)
+    texts = [orjson.loads(data_of(e))["choices"][0]["delta"].get("content") for e in split_events(out)]
+    assert texts == ["", "Hi", " there"]
+
+
+def test_a_first_read_that_is_all_content_is_held_as_it_is() -> None:
+    """The common OpenAI case is decided without decoding: nothing to hand on, plain bytes."""
+    gate = OpenAIFirstToken()
+    first = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+    assert gate.feed(first)
+    assert type(gate.held) is bytes and gate.held == first
