@@ -61,9 +61,9 @@ async def boxes(tmp_path: Path):  # type: ignore[no-untyped-def]
     started: list[Box] = []
 
     async def start(cfg: dict[str, Any]) -> Box:
-        box = await Box(tmp_path, cfg).start()
-        started.append(box)
-        return box
+        box = Box(tmp_path, cfg)
+        started.append(box)  # stopped even when it never says ready
+        return await box.start()
 
     yield start
     for box in started:
