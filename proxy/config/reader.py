@@ -43,6 +43,7 @@ from .model import (
 )
 from .state_link import read_state
 from .tracing import tracing_section
+from .workers import read_workers
 
 __all__ = ["load_config", "parse_config"]
 
@@ -86,7 +87,7 @@ _TARGET_KEYS = ("provider", "model", "name", "retry", "weight", "quality", "cont
 _ROUTE_KEYS = ("strategy", "targets", "fastest", "allow", "deny", "min_context_window", "min_quality",
                "cooldown", "score", "hedge", "fail_over_on")
 _TOP_KEYS = ("listen", "ops_listen", "clients", "access_log", "ledger", "providers", "routes", "max_body_bytes",
-             "shutdown_grace", "connections", "tracing", "state")
+             "shutdown_grace", "connections", "tracing", "state", "workers")
 
 
 def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str], base: Path) -> Provider | None:
@@ -365,7 +366,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
                                 integer=True),
         shutdown_grace=r.number(data, "shutdown_grace", "(top)", default(Config, "shutdown_grace"), low=0),
         connections=section(r, Connections, data.get("connections"), "connections", _CONNECTIONS),
-        state=read_state(r, data.get("state"), env),
+        state=(state := read_state(r, data.get("state"), env)),
+        workers=read_workers(r, data, state.redis),
         tracing=tracing_section(r, data.get("tracing")),
         source=source,
     )
