@@ -21,9 +21,9 @@ import aiohttp
 import orjson
 import pytest
 
+from ..conftest import promtool
 from ..redis_server import RedisServer
-from ..test_contrib import promtool
-from .test_fleet_processes import PATH, ROOT, Instance, answering, call, config, target
+from .conftest import PATH, ROOT, Instance, answering, call, config, target
 
 
 class Box(Instance):
