@@ -179,12 +179,16 @@ def text_of(content: Any, where: str, unit: str = "parts") -> str:
 
 def _add_turn(turns: list[Json], role: str, content: str | list[Json]) -> None:
     """Append a turn, merging into the previous one of the same role: Anthropic wants
-    strictly alternating roles, OpenAI does not (tool results, then a user note)."""
+    strictly alternating roles, OpenAI does not (tool results, then a user note). A merged turn's
+    list is this translation's own, so it grows in place: copying it at each merge made 40,000
+    one-line messages quadratic, and the event loop stood still for seconds."""
     if not content:
         return
     if turns and turns[-1]["role"] == role:
         previous = turns[-1]["content"]
-        turns[-1]["content"] = _as_blocks(previous) + _as_blocks(content)
+        if isinstance(previous, str):
+            previous = turns[-1]["content"] = _as_blocks(previous)
+        previous.extend(_as_blocks(content))
     else:
         turns.append({"role": role, "content": content})
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -285,3 +286,26 @@ def test_a_system_message_with_a_non_text_part_is_refused_in_openais_words() -> 
     with pytest.raises(TranslationError, match=r"^only text parts can be translated here") as info:
         openai_to_anthropic_request(body, "claude-x", 1024)
     assert info.value.param == "messages[0]"
+
+
+def test_many_messages_of_one_role_merge_in_linear_time() -> None:
+    """120,000 one-line user messages (3.6 MB, under the body bound) are one turn of 120,000 blocks in
+    order. Copying the turn at each merge took minutes and held the event loop (a reviewer's /healthz
+    waited 40 s); growing it in place takes well under a second, so the bound below is far from both."""
+    body = {"messages": [{"role": "user", "content": f"m{i}"} for i in range(120_000)]}
+    t0 = time.perf_counter()
+    out = openai_to_anthropic_request(body, "claude", 1024)
+    took = time.perf_counter() - t0
+    (turn,) = out["messages"]
+    assert turn["role"] == "user" and len(turn["content"]) == 120_000
+    assert turn["content"][0]["text"] == "m0" and turn["content"][-1]["text"] == "m119999"
+    assert took < 5, took
+
+
+def test_merging_turns_leaves_the_clients_body_as_it_was() -> None:
+    """The merged list is the translation's own: a failover to another kind reads the body unchanged."""
+    first = [{"type": "text", "text": "a"}]
+    body = {"messages": [{"role": "user", "content": first}, {"role": "user", "content": "b"}]}
+    out = openai_to_anthropic_request(body, "claude", 1024)
+    assert [b["text"] for b in out["messages"][0]["content"]] == ["a", "b"]
+    assert first == [{"type": "text", "text": "a"}] and body["messages"][0]["content"] is first
