@@ -6,11 +6,13 @@ never told back (the ``heard_*`` methods call no listener), so events do not ech
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..config import Cooldown, TargetKey
 from ..state import State
+from ..state.breaker import MAX_COOLDOWN
 from .wire import Wire
 
 __all__ = ["Peers", "fold"]
@@ -37,26 +39,47 @@ class Peers:
 
 def fold(state: State, instance: str, wires: Sequence[Wire], keys_of: Mapping[str, Sequence[TargetKey]],
          now: float, to_local: Callable[[float], float], peers: Peers) -> int:
-    """Apply one peer batch; returns how many events applied to a target this instance has."""
+    """Apply one peer batch; returns how many events applied to a target this instance has.
+
+    A peer's word is bounded here as our own would be: a deadline at most the breaker's longest
+    cooldown ahead (a peer's clock an hour fast, or a forged entry, cannot open a breaker for
+    longer), a sample finite and not negative; an event of any other shape is skipped alone."""
     applied = 0
     for wire in wires:
-        kind = wire[0]
-        if kind == "n":
-            peers.heard(instance, wire[1], now)
-            continue
-        for key in keys_of.get(wire[1], ()):
-            ts = state.target(key)
-            try:
-                if kind in ("s", "c"):  # a sample from a clock ahead of ours lands now, not in our future
-                    at = min(now, to_local(float(wire[4])))
-                    state.heard_sample(ts, float(wire[3]), at, str(wire[2]), kind == "c")
-                elif kind == "f":
-                    state.heard_failure(ts, now, Cooldown(failures=int(wire[3]), secs=float(wire[4])))
-                elif kind == "o":
-                    state.heard_open(ts, to_local(float(wire[2])), float(wire[3]))
-                elif kind == "r":
-                    state.heard_cool(ts, to_local(float(wire[2])))
-            except (TypeError, ValueError, KeyError):
-                continue  # a malformed event from a peer of another version: skipped alone
-            applied += 1
+        try:
+            kind = wire[0]
+            if kind == "n":
+                peers.heard(instance, wire[1], now)
+                continue
+            keys = keys_of.get(wire[1], ()) if isinstance(wire[1], str) else ()
+            for key in keys:
+                _apply(state, state.target(key), wire, now, to_local)
+                applied += 1
+        except (TypeError, ValueError, KeyError, IndexError):
+            continue  # a malformed event from a peer of another version: skipped alone
     return applied
+
+
+def _apply(state: State, ts: Any, wire: Wire, now: float, to_local: Callable[[float], float]) -> None:
+    kind = wire[0]
+    if kind in ("s", "c"):  # a sample from a clock ahead of ours lands now, not in our future
+        at = min(now, to_local(_bounded(wire[4], 0.0, math.inf)))
+        state.heard_sample(ts, _bounded(wire[3], 0.0, 86400.0), at, str(wire[2]), kind == "c")
+    elif kind == "f":
+        secs = _bounded(wire[4], 0.0, MAX_COOLDOWN)
+        state.heard_failure(ts, now, Cooldown(failures=max(1, int(wire[3])), secs=secs))
+    elif kind == "o":
+        until = min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN)
+        state.heard_open(ts, until, _bounded(wire[3], 0.0, MAX_COOLDOWN))
+    elif kind == "r":
+        state.heard_cool(ts, min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN))
+    else:
+        raise ValueError(kind)
+
+
+def _bounded(value: Any, low: float, high: float) -> float:
+    """A number from a peer, finite and within [low, high], or a ValueError (the event is skipped)."""
+    number = float(value)
+    if not math.isfinite(number) or number < low:
+        raise ValueError(value)
+    return min(number, high)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from proxy.fleet.fold import Peers, fold
 from proxy.state import State
 
@@ -51,3 +53,25 @@ def test_peers_loads_expire() -> None:
     peers = Peers()
     peers.heard("p1", {"u|m": 2}, 0.0)
     assert peers.in_flight("u|m", 1.0) == 2 and peers.in_flight("u|m", 3.0) == 0
+
+
+def test_a_peers_deadlines_are_held_to_the_longest_cooldown() -> None:
+    """A forged entry (or a peer's clock a decade fast) cannot open a breaker or cool a target for
+    longer than the breaker's longest cooldown, 300 s, as a local failure could."""
+    state, _, _ = folded(["o", "u|m", 1100.0 + 1e9, 9.0], ["r", "u|m", 1100.0 + 1e9])
+    health = state.health(("a", "m"), 100.0)
+    assert health.state == "open" and health.seconds_left == 300.0
+    assert health.cooling == 300.0
+
+
+@pytest.mark.parametrize("wire", [
+    pytest.param(["s", "u|m", "streamed", -1000.0, 1099.0], id="negative-sample"),
+    pytest.param(["s", "u|m", "streamed", float("nan"), 1099.0], id="nan-sample"),
+    pytest.param(["f", [1], 2, 3, 4], id="unhashable-target"),
+    pytest.param(["o"], id="too-short"),
+    pytest.param(5, id="not-a-list"),
+])
+def test_a_hostile_event_is_skipped_and_the_batch_goes_on(wire: Any) -> None:
+    state, _, applied = folded(wire, ["s", "u|m", "streamed", 0.2, 1099.0])
+    assert applied == 2  # the good sample after it, on both names
+    assert state.tracker.samples(("a", "m")) == 1
