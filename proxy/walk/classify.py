@@ -40,7 +40,8 @@ class Outcome:
 BUSY = Outcome("busy", True, 503, "provider concurrency limit and queue are full", counts=False)
 # A buffered 2xx whose body is not a JSON object (an HTML page, a cut body): the upstream failed,
 # so it fails over and counts, and the breaker hears a failure, not the success its status claims.
-INVALID_BODY = Outcome("invalid body", True, 502, "upstream answered 2xx with a body that is not a JSON object")
+INVALID_BODY = Outcome("invalid body", True, 502, "upstream answered 2xx with a body that is not its answer "
+                       "(not a JSON object, or fields of the wrong types)")
 
 
 _OBJECT_START = re.compile(rb"\s*\{")

@@ -115,3 +115,35 @@ async def test_usage_with_string_counts_is_answered_logged_and_stored(upstreams,
     rows = conn.execute("SELECT id, prompt_tokens FROM decisions").fetchall()
     conn.close()
     assert rows == [(rid, 7)]
+
+
+MESSAGES = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+RESPONSES = {"model": "chat", "input": "hi"}
+
+
+@pytest.mark.parametrize(("kind", "path", "request_body", "answer"), [
+    pytest.param("openai", "/v1/messages", MESSAGES, {"choices": [5]}, id="messages-choices-of-ints"),
+    pytest.param("openai", "/v1/messages", MESSAGES,
+                 {"choices": [{"message": {"content": "x", "tool_calls": 5}}]}, id="messages-tool-calls-int"),
+    pytest.param("openai", "/v1/messages", MESSAGES, {"choices": {"a": 1}}, id="messages-choices-a-mapping"),
+    pytest.param("openai", "/v1/responses", RESPONSES, {"choices": [5]}, id="responses-choices-of-ints"),
+    pytest.param("openai", "/v1/responses", RESPONSES,
+                 {"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "a"}},
+                 id="responses-usage-a-string"),
+    pytest.param("anthropic", "/v1/chat/completions", CHAT,
+                 {"content": [{"type": "text"}, {"type": "tool_use"}, 5], "usage": None}, id="chat-content-int"),
+])
+async def test_a_2xx_whose_fields_have_the_wrong_types_is_an_invalid_body_not_a_500(
+        upstreams, proxy, kind, path, request_body, answer):
+    """A reviewer's upstream answers: the right envelope, fields of the wrong types. Each crashed a
+    translator into a 500 with a traceback; the upstream failed, so it is a 502 and counts."""
+    async def liar(request: web.Request) -> web.StreamResponse:
+        return web.json_response(answer)
+
+    bad = await upstreams({"*": liar})
+    provider = anthropic_provider(bad.url) if kind == "anthropic" else openai_provider(bad.url)
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}], {"bad": provider}))
+    status, headers, body = await p.post(path, request_body)
+    assert status == 502, body
+    assert decision_of(headers).attempt_outcomes() == [("bad", "invalid body")]
+    assert p.gateway.state.target(("bad", "m")).breaker.health(p.gateway.clock()).failures == 1
