@@ -51,3 +51,10 @@ def test_peers_loads_expire() -> None:
     peers = Peers()
     peers.heard("p1", {"u|m": 2}, 0.0)
     assert peers.in_flight("u|m", 1.0) == 2 and peers.in_flight("u|m", 3.0) == 0
+
+
+def test_a_peers_two_lost_races_demote_its_leader_here_too() -> None:
+    state, told, _ = folded(["s", "u|m", "streamed", 0.04, 1097.0], ["c", "u|m", "streamed", 0.3, 1098.0])
+    assert state.tracker.recent(("a", "m"), "streamed") == [0.04]  # one lost race: held, a stall so far
+    fold(state, "peer", [["c", "u|m", "streamed", 0.3, 1099.0]], KEYS, 100.0, lambda wall: wall - 1000.0, Peers())
+    assert state.tracker.recent(("a", "m"), "streamed") == [0.3, 0.3] and told == []
