@@ -6,7 +6,8 @@ Three places reach past aiohttp's public API, each for a measured reason:
   (``ResponseHandler``: ``set_response_params``, ``read``, ``should_close``) instead of
   ``ClientSession``, about 100 µs less CPU per call (docs/adr/0011);
 - the client listener (``proxy/server/listener.py``) subclasses ``RequestHandler`` and reads its
-  ``_keepalive_handle``, ``_request_handler`` and ``_messages``, builds handlers from
+  ``_keepalive_handle``, ``_request_handler``, ``_messages``, ``_waiter`` and
+  ``_next_keepalive_close_time``, builds handlers from
   ``Server._kwargs`` and swaps the class of the server ``AppRunner._make_server`` made, for the
   connection bounds of docs/adr/0010;
 - the relay (``proxy/relay.py``) turns off ``StreamResponse._send_headers_immediately`` so the
@@ -185,8 +186,10 @@ async def check_server(runner: type = web.AppRunner, server: type = web.Server,
         transport = StandInTransport()
         protocol.connection_made(transport)
         # the idle timer may be unarmed (None) at connect, as before aiohttp 3.11; it must be there to cancel
-        if getattr(protocol, "_keepalive_handle", _GONE) is _GONE:
-            problems.append(f"{handler.__name__}._keepalive_handle is missing")
+        # idle keep-alive connections are told by _waiter and ordered by _next_keepalive_close_time
+        for name in ("_keepalive_handle", "_waiter", "_next_keepalive_close_time"):
+            if getattr(protocol, name, _GONE) is _GONE:
+                problems.append(f"{handler.__name__}.{name} is missing")
         for name in ("_request_handler", "_messages"):
             if getattr(protocol, name, None) is None:
                 problems.append(f"{handler.__name__}.{name} is not set on a new connection")

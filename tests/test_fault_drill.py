@@ -860,7 +860,7 @@ async def non_reading_client(port: int) -> str:
         payload = body("solo", "endless", True, size=65536, pause=0)
         await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                                       b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
-        await asyncio.sleep(SEND_TIMEOUT + 2)  # not reading: buffers fill, then the send timeout runs
+        await asyncio.sleep(2 * SEND_TIMEOUT + 1)  # not reading: buffers fill, then the send timeout runs
         head = b""
         deadline = loop.time() + 3
         while (left := deadline - loop.time()) > 0:

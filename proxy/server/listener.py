@@ -63,6 +63,7 @@ OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to 
 LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dropped this long, then close
 FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 JSON = "application/json"
+PROGRESS = 64 * 1024  # what a paused client must take per send_timeout to count as reading (not the tail of its window)
 CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "idle_evicted", "over_capacity", "evicted",
                  "refused")
 
@@ -287,9 +288,10 @@ class GuardedHandler(RequestHandler):
         """Paused a whole ``send_timeout``, but is the client reading, slowly? The kernel wakes our
         writes only once a good part of a large send buffer (megabytes on loopback) is free, so a
         client taking 400 KB/s can keep the transport paused for seconds: the kernel's queue for it
-        shrinking is progress, and the window starts again."""
+        shrinking by ``PROGRESS`` is progress, and the window starts again (less is what a client that
+        stopped reading still had room for when we paused)."""
         queued = unsent(self.transport)
-        if queued is None or self.queued is None or queued >= self.queued:
+        if queued is None or self.queued is None or self.queued - queued < PROGRESS:
             return False
         self.paused_since, self.queued = now, queued
         return True
