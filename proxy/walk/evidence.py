@@ -13,6 +13,7 @@ bound as short as the winner's time would make it measured and hide it. A measur
 from __future__ import annotations
 
 from ..config import Fastest, Target
+from ..routing.ordering import fastest_figures
 from ..state import State
 from ..state.tracker import BUFFERED, STREAMED
 
@@ -25,5 +26,7 @@ def lower_bound(state: State, policy: Fastest, stream: bool, target: Target, sta
     figure = state.figure(key, policy, now, mode)
     if (figure is None and not capped) or (figure is not None and elapsed <= figure):
         return
-    behind = None if winner is None else state.figure(winner.key, policy, now, mode)
+    # The winner's figure as ``fastest`` ranks it (a recovery's fast EWMA, not its stale average):
+    # the loser goes behind where the order puts the winner, not behind an old paper figure.
+    behind = None if winner is None else fastest_figures([winner], state, policy, now, mode)[winner.name]
     state.censored(state.target(key), elapsed, now, mode, behind)

@@ -850,3 +850,19 @@ async def test_a_leader_that_stalls_on_one_call_in_ten_keeps_its_place(upstreams
     assert len(stalled) >= 2  # it stalled, and the hedge won those races
     assert all(("a", "lost") in [(n, o.split()[0]) for n, o in d.attempt_outcomes()] for d in stalled)
     assert [d.order_names[0] for d in decisions] == ["a"] * len(decisions)  # it led every one
+
+
+def test_a_demoted_leader_goes_behind_the_winner_as_the_order_ranks_it_not_its_stale_average() -> None:
+    from proxy.config import Target
+    from proxy.state import State
+    from proxy.walk.evidence import lower_bound
+
+    state, policy = State(), Fastest()
+    a, b = Target("a", "a", "m"), Target("b", "b", "m")
+    for i in range(10):
+        state.first_token(state.target(a.key), 0.04, float(i), "streamed", 0)
+        state.first_token(state.target(b.key), 0.4, float(i), "streamed", 0)
+    state.first_token(state.target(b.key), 0.02, 10.0, "streamed", 0)  # b recovered: its EWMA still says 0.36 s
+    lower_bound(state, policy, True, a, 10.0, 10.1, b)
+    lower_bound(state, policy, True, a, 11.0, 11.1, b)
+    assert state.figure(a.key, policy, 11.1) == pytest.approx(0.1008, abs=1e-3)  # behind b's 96 ms, not 0.38 s
