@@ -52,7 +52,8 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def describe(config: Config) -> str:
     """The plan `firstbyte check` prints: each route's targets and what load-time filters say."""
-    out = [f"config {config.source}: valid; listen {config.listen}"]
+    workers = f" with {config.workers} workers" if config.workers > 1 else ""
+    out = [f"config {config.source}: valid; listen {config.listen}{workers}"]
     for route in config.routes.values():
         out.append("")
         out.append(f"route {route.name}  strategy={route.strategy}")
@@ -92,15 +93,37 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from .service import Service, run
+def _workers(args: argparse.Namespace, config: Config) -> int:
+    """How many workers: ``--workers`` over the file's ``workers``; checked like the file."""
+    from .config.workers import needs_redis, parse_workers
 
+    if args.workers is None:
+        return config.workers
+    count = parse_workers(args.workers)
+    if isinstance(count, str):
+        raise CliError(f"firstbyte serve: --workers: {count}")
+    if count > 1 and config.state.redis is None:
+        raise CliError(f"firstbyte serve: --workers: {needs_redis(count)}")
+    return count
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .box import Box
+    from .service import Service, run
+    from .supervisor import PARENT_ENV, Supervisor, follow_parent
+
+    if args.worker is not None and PARENT_ENV in os.environ:
+        follow_parent(int(os.environ[PARENT_ENV]))
     config = _load(args)
     if config is None:
         return 1
+    workers = 1 if args.worker is not None else _workers(args, config)
 
     async def main() -> int:
-        return await Service(args.config, config, args.listen).serve()
+        if workers > 1:
+            return await Supervisor(args.config, config, args.listen, workers, args.log_level).serve()
+        box = Box.from_env(args.worker) if args.worker is not None else None
+        return await Service(args.config, config, args.listen, box).serve()
 
     try:
         return run(main)
@@ -136,12 +159,15 @@ def _gateway_url(args: argparse.Namespace) -> str | None:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _fleet_words(fleet: dict[str, Any] | None) -> str:
-    """``  fleet=NAME in-fleet since ...`` (or alone, with why); nothing without state.redis."""
+def _fleet_words(data: dict[str, Any]) -> str:
+    """``  fleet=NAME in-fleet since ...`` (or alone, with why), then ``  worker I of N`` for a box of
+    workers; nothing without state.redis."""
+    fleet, box = data.get("fleet"), data.get("box")
     if not fleet or fleet.get("state") == "off":
         return ""
     words = f"  fleet={fleet['fleet']} {fleet['state']} since {fleet['since']} as {fleet['instance']}"
-    return words + (f" ({fleet['reason']})" if fleet.get("reason") else "")
+    words += f" ({fleet['reason']})" if fleet.get("reason") else ""
+    return words + (f"  worker {box['worker']} of {box['workers']}" if box else "")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -169,7 +195,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return 0
-    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}{_fleet_words(data.get('fleet'))}")
+    print(f"route {data['route']}  strategy={data['strategy']}  mode={data['mode']}{_fleet_words(data)}")
     rows = [
         [str(i + 1), o["target"], o["detail"], *_mode_cells(o["streamed"]), *_mode_cells(o["buffered"])]
         for i, o in enumerate(data["order"])
@@ -266,6 +292,9 @@ def parser() -> argparse.ArgumentParser:
                  "Serves the routes of the file on its listen address (SIGHUP reloads the file, SIGTERM drains).")
     s.add_argument("--config", default="routes.yaml", help="the routes file")
     s.add_argument("--listen", default=None, help="HOST:PORT; overrides the file's listen")
+    s.add_argument("--workers", default=None, help="processes on the listen address (N or auto); overrides "
+                   "the file's workers")
+    s.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by the supervisor
     s.set_defaults(fn=cmd_serve)
 
     c = _command(sub, "check", "validate a routes file and print the plan",

@@ -3,7 +3,7 @@
 An upstream's headers are its own business: a debug header may carry the key it
 was sent (``X-Debug-Auth: Bearer sk-…``), a cookie is meant for one client of a
 shared pool, hop-by-hop headers describe a connection the client never had. A
-client needs few of them, so only these pass (docs/adr/0018):
+client needs few of them, so only these pass (docs/adr/0020):
 
 - ``content-type`` (and ``cache-control``, which a stream's ``no-cache`` needs behind caches);
 - the provider's rate limits and retry hints, which SDKs and agents act on:

@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Callable
 
+from .box import Box
 from .config import Config
 from .config.loaded import Loaded
 from .fleet import FleetLink
@@ -66,6 +67,7 @@ class Gateway:
         self.costs: CostRefresher | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.fleet: FleetLink | None = None  # with state.redis: the link to the other instances
+        self.box: Box | None = None  # a worker of several (serve under proxy/supervisor.py)
         self.apply(config)
 
     def apply(self, config: Config) -> None:

@@ -10,14 +10,18 @@ notify protocol when it started us with ``NOTIFY_SOCKET``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import os
 import signal
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
+from .box import LOCAL_METRICS, Box
 from .config import Config, load_config, split_listen
 from .errors import ConfigError
 from .gateway import Gateway
@@ -26,7 +30,8 @@ from .observe.hub import Hub
 from .sdnotify import Notifier
 from .server.app import build_app
 from .server.listener import Guard, GuardedRunner, fd_budget, raise_fd_limit
-from .server.ops import build_ops_app
+from .server.ops import build_ops_app, own_metrics
+from .server.replies import GATEWAY, HUB
 
 log = logging.getLogger("firstbyte")
 
@@ -52,11 +57,12 @@ def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 class Service:
-    def __init__(self, config_path: str, config: Config, listen: str | None = None) -> None:
+    def __init__(self, config_path: str, config: Config, listen: str | None = None, box: Box | None = None) -> None:
         self.config_path = config_path
         self.listen = listen or config.listen
         self.hub = Hub(config)
         self.gateway = Gateway(config, observers=self.hub.observers)
+        self.gateway.box = box  # a worker: its own SO_REUSEPORT socket, its share of connections.max
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.runners: list[web.AppRunner] = []
@@ -129,7 +135,11 @@ class Service:
                 return
 
     async def _start_site(self, app: web.Application, listen: str, name: str) -> None:
-        guard = Guard(self.gateway.config.connections, name)
+        box = self.gateway.box
+        connections = self.gateway.config.connections
+        if box is not None:  # connections.max holds for the box: each worker takes an even share
+            connections = replace(connections, max=max(1, connections.max // box.count))
+        guard = Guard(connections, name)
         self.hub.connections.append(guard)  # counted on /metrics
         runner = GuardedRunner(
             app,
@@ -142,8 +152,23 @@ class Service:
         await runner.setup()
         self.runners.append(runner)
         host, port = split_listen(listen)
-        await web.TCPSite(runner, host, port, backlog=4096, reuse_address=True).start()
-        log.info("listening on http://%s:%d (at most %d client connections)", host, port, guard.max)
+        await web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, reuse_port=box is not None).start()
+        log.info("listening on http://%s:%d (at most %d client connections%s)", host, port, guard.max,
+                 f", worker {box.index} of {box.count}" if box is not None else "")
+
+    async def _start_private(self, box: Box) -> None:
+        """The worker's private socket: its own /metrics, asked by the worker a scrape reaches."""
+        app = web.Application()
+        app[GATEWAY] = self.gateway
+        app[HUB] = self.hub
+        app.router.add_get(LOCAL_METRICS, own_metrics)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await runner.setup()
+        self.runners.append(runner)
+        path = box.socket(box.index)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # the socket of the worker this one replaces
+        await web.UnixSite(runner, path).start()
 
     def _cut_streams(self) -> None:
         cut = self.gateway.cut_streams()
@@ -162,6 +187,8 @@ class Service:
             await self._start_site(build_app(gw, self.hub, manage=False), self.listen, "main")
             if gw.config.ops_listen:
                 await self._start_site(build_ops_app(gw, self.hub), gw.config.ops_listen, "ops")
+            if gw.box is not None:
+                await self._start_private(gw.box)
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
             loop.add_signal_handler(signal.SIGTERM, self.stopping.set)

@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import bench_box
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +138,8 @@ def floor(procs: Procs, name: str, port: int, upstream: int, commit: bool = Fals
 HEDGE = {"after": "p90", "max_extra": 0.1, "explore": True}
 
 
+WORKERS = 1  # --workers: firstbyte as a supervisor of this many workers (needs --redis)
+FB_PID: int | None = None  # firstbyte's process (the supervisor with --workers): CPU per call is its tree's
 REDIS: str | None = None  # --redis: the firstbyte processes run as a fleet of one on this Redis
 
 
@@ -150,6 +153,7 @@ def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: 
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
         **({"state": {"redis": REDIS, "fleet": f"bench-{port}"}} if REDIS else {}),
+        **({"workers": WORKERS} if WORKERS > 1 else {}),
         "providers": providers,
         "routes": {
             "one": {"strategy": "fastest", "targets": [{"provider": "p1", "model": "sim"}], "hedge": HEDGE},
@@ -163,7 +167,11 @@ def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path,
               otlp: str | None = None) -> subprocess.Popen[bytes]:
     path = tmp / f"{name}.json"  # JSON is YAML
     path.write_text(json.dumps(firstbyte_config(port, upstream, otlp)))
-    return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
+    if WORKERS == 1:
+        return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
+    proc = procs.spawn(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)])
+    bench_box.wait_box(port, WORKERS)  # every worker answering, not just the first to listen
+    return proc
 
 
 class Seeing:
@@ -293,9 +301,14 @@ def latency_phases(args: argparse.Namespace, gen: Loadgen, ports: dict[str, int]
                 phase.update((target, summarise(each[target])) for target in TARGETS)
                 continue
             for target in TARGETS:
+                cpu = bench_box.tree_cpu(FB_PID, TICK) if FB_PID is not None else 0.0
                 phase[target] = summarise(gen.call({"op": "run", "url": urls[target], "body": bodies[target],
                                                     "stream": stream, "concurrency": conc,
                                                     "duration": args.duration, "warmup": args.warmup}))
+                if target == "fb1" and FB_PID is not None:  # warm-up calls estimated at the measured rate
+                    calls = phase[target]["rps"] * (args.duration + args.warmup)
+                    used = bench_box.tree_cpu(FB_PID, TICK) - cpu
+                    out.setdefault("cpu_ms_per_call", {})[f"{mode}/c{conc}"] = used * 1e3 / max(calls, 1)
     return out
 
 
@@ -476,6 +489,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description="firstbyte vs a direct connection and the aiohttp floor")
     p.add_argument("--quick", action="store_true", help="a short run: 1 repeat, fewer requests and streams")
     p.add_argument("--redis", default=None, help="run firstbyte with state.redis at this URL (the fleet link on)")
+    p.add_argument("--workers", type=int, default=1, help="firstbyte with this many workers (needs --redis)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
     p.add_argument("--c1-requests", type=int, default=300)
@@ -495,8 +509,10 @@ def main() -> int:
                    help="firstbyte with every request traced to a loopback OTLP sink and its status page polled")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "bench.json"))
     args = p.parse_args()
-    global REDIS
-    REDIS = args.redis
+    global REDIS, WORKERS, FB_PID
+    REDIS, WORKERS = args.redis, args.workers
+    if WORKERS > 1 and not REDIS:
+        p.error("--workers more than 1 needs --redis URL: workers share what they learn through it")
     if args.quick:
         args.repeats, args.c1_requests, args.duration, args.warmup = 1, 150, 1.0, 0.3
         args.streams, args.stream_chunks = 300, 40
@@ -515,14 +531,18 @@ def main() -> int:
         ports = {"direct": sim, "floor": free_port(), "floorc": free_port(), "fb1": free_port()}
         floor(procs, "floor", ports["floor"], sim)
         floor(procs, "floor-commit", ports["floorc"], sim, commit=True)
-        firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp, seeing.otlp if seeing else None)
+        FB_PID = firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp, seeing.otlp if seeing else None).pid
+        spread = {}
+        if WORKERS > 1:
+            spread = bench_box.spread(ports["fb1"])
         if seeing is not None:
             seeing.watch(ports["fb1"])
         ports["fb5"] = ports["fb1"]  # the same firstbyte; route "five" instead of "one"
         gen = Loadgen()
         for i in range(args.repeats):
             print(f"repeat {i + 1}/{args.repeats}: latency phases…", file=sys.stderr, flush=True)
-            run = {"latency": latency_phases(args, gen, ports)}
+            latency = latency_phases(args, gen, ports)
+            run = {"latency": latency, "cpu_ms_per_call": latency.pop("cpu_ms_per_call", {})}
             if not args.no_hold and i < args.hold_repeats:
                 print(f"repeat {i + 1}/{args.repeats}: long streams…", file=sys.stderr, flush=True)
                 run["hold"] = hold_phase(args, procs, gen, sim_long, tmp)
@@ -537,9 +557,16 @@ def main() -> int:
             "cores": os.cpu_count(), "streams": args.streams,
             "stream_chunks": args.stream_chunks, "chunk_rate": args.chunk_rate,
             "first_chunk_ms": args.first_chunk_ms, "chunks": args.chunks, "quick": args.quick,
-            "seconds": round(time.monotonic() - started, 1), "logs": str(tmp), "see": seen or None}
+            "seconds": round(time.monotonic() - started, 1), "logs": str(tmp), "see": seen or None,
+            "workers": WORKERS, "spread": spread,
+            "cpu_ms_per_call": {phase: statistics.median(r["cpu_ms_per_call"][phase] for r in runs)
+                                for phase in runs[0]["cpu_ms_per_call"]} if runs else {}}
     summary = report(runs, args)
     print_table(summary, meta)
+    print(f"\nfirstbyte with {WORKERS} worker(s): CPU ms per call (whole box, warm-up estimated) "
+          + ", ".join(f"{k} {v:.2f}" for k, v in meta["cpu_ms_per_call"].items()))
+    if spread:
+        print(f"new connections per worker (of {sum(spread.values())}): {spread}")
     if seen:
         print(f"\n--see: {seen['batches']} span batches ({seen['bytes']} bytes) exported, status page polled "
               f"{seen['polls']} times ({seen['poll_errors']} failed)")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -413,3 +415,13 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        if os.environ.get("FIRSTBYTE_NO_PROMTOOL") == "1":
+            pytest.skip("promtool not available and FIRSTBYTE_NO_PROMTOOL=1")
+        pytest.fail("promtool not found: scripts/test installs it when run as root (apt-get install prometheus), "
+                    "or set FIRSTBYTE_NO_PROMTOOL=1 where the platform cannot have it")
+    return found

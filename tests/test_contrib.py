@@ -9,34 +9,23 @@ root) unless FIRSTBYTE_NO_PROMTOOL=1 says the box cannot have it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from aioprometheus import Histogram
 
 from proxy.observe.metrics import Metrics
+
+from .conftest import promtool
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "contrib" / "prometheus"
 DASHBOARD = ROOT / "contrib" / "grafana" / "firstbyte.json"
 ALERTS = {"FirstbyteBreakerOpenLong", "FirstbyteRouteNoHealthyTarget", "FirstbyteFailoverShareHigh",
           "FirstbyteHedgeBudgetExhausted", "FirstbyteReloadRefused", "FirstbyteLedgerDroppingRows"}
-
-
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("FIRSTBYTE_NO_PROMTOOL") == "1":
-            pytest.skip("promtool not available and FIRSTBYTE_NO_PROMTOOL=1")
-        pytest.fail("promtool not found: scripts/test installs it when run as root (apt-get install prometheus), "
-                    "or set FIRSTBYTE_NO_PROMTOOL=1 where the platform cannot have it")
-    return found
 
 
 def run(*args: str, cwd: Path = RULES) -> str:

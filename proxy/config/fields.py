@@ -11,7 +11,9 @@ import math
 import reprlib
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["Flag", "Num", "Reader", "Text", "default", "fill", "key_of", "section", "show"]
+from yarl import URL
+
+__all__ = ["Flag", "Num", "Reader", "Text", "default", "fill", "key_of", "parsed_url", "section", "show"]
 
 T = TypeVar("T")
 
@@ -22,6 +24,16 @@ _SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring, _SHOW.maxother = 
 def show(value: Any) -> str:
     """A value in a problem message, bounded: an alias bomb or a megabyte string prints a few words."""
     return _SHOW.repr(value)
+
+
+def parsed_url(url: str) -> URL | str:
+    """``url`` parsed, or what makes it no URL: one wording for every address the file holds."""
+    try:
+        parsed = URL(url)
+        parsed.port  # noqa: B018 - a port out of range raises here
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    return parsed if parsed.host else "has no host"
 
 
 def key_of(value: Any) -> str:

@@ -282,6 +282,7 @@ class Config:
     shutdown_grace: float = 30.0
     connections: Connections = Connections()
     state: StateLink = StateLink()
+    workers: int = 1  # processes on the listen address (proxy/supervisor.py); 1 = this process alone
     tracing: Tracing | None = None  # None: no traces (the default)
     source: str = "<memory>"
 

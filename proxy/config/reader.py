@@ -16,12 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from yarl import URL
-
 from ..errors import ConfigError
 from .credentials import HEADER_SAFE, provider_key
 from .document import read_yaml
-from .fields import Flag, Num, Reader, Spec, Text, default, fill, key_of, section, show
+from .fields import Flag, Num, Reader, Spec, Text, default, fill, key_of, parsed_url, section, show
 from .model import (
     DEFAULT_STRATEGY,
     KINDS,
@@ -45,6 +43,7 @@ from .model import (
 )
 from .state_link import read_state
 from .tracing import tracing_section
+from .workers import read_workers
 
 __all__ = ["load_config", "parse_config"]
 
@@ -88,7 +87,7 @@ _TARGET_KEYS = ("provider", "model", "name", "retry", "weight", "quality", "cont
 _ROUTE_KEYS = ("strategy", "targets", "fastest", "allow", "deny", "min_context_window", "min_quality",
                "cooldown", "score", "hedge", "fail_over_on")
 _TOP_KEYS = ("listen", "ops_listen", "clients", "access_log", "ledger", "providers", "routes", "max_body_bytes",
-             "shutdown_grace", "connections", "tracing", "state")
+             "shutdown_grace", "connections", "tracing", "state", "workers")
 
 
 def _provider(r: Reader, name: str, raw: Any, env: Mapping[str, str], base: Path) -> Provider | None:
@@ -296,13 +295,9 @@ def _url_problem(url: str) -> str | None:
         return "must start with http:// or https://"
     if not HEADER_SAFE.fullmatch(url) or " " in url:
         return "must be printable ASCII without spaces"
-    try:
-        parsed = URL(url)
-        parsed.port  # noqa: B018 - a port out of range raises here
-    except ValueError as exc:
-        return f"is not a URL ({exc})"
-    if not parsed.host:
-        return "has no host"
+    parsed = parsed_url(url)
+    if isinstance(parsed, str):
+        return parsed
     if parsed.user is not None or parsed.password is not None:
         return "must not hold credentials (name the key's variable in api_key_env)"
     if parsed.query_string or parsed.fragment:
@@ -371,7 +366,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
                                 integer=True),
         shutdown_grace=r.number(data, "shutdown_grace", "(top)", default(Config, "shutdown_grace"), low=0),
         connections=section(r, Connections, data.get("connections"), "connections", _CONNECTIONS),
-        state=read_state(r, data.get("state"), env),
+        state=(state := read_state(r, data.get("state"), env)),
+        workers=read_workers(r, data, state.redis),
         tracing=tracing_section(r, data.get("tracing")),
         source=source,
     )

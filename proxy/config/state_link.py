@@ -10,9 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from yarl import URL
-
-from .fields import Reader, default, show
+from .fields import Reader, default, parsed_url, show
 from .model import StateLink
 
 __all__ = ["read_state"]
@@ -48,13 +46,9 @@ def _redis_problem(url: str) -> str | None:
     """What makes ``url`` unusable as the fleet's Redis, or None."""
     if not url.startswith(("redis://", "rediss://")):
         return "must start with redis:// or rediss:// (TLS)"
-    try:
-        parsed = URL(url)
-        parsed.port  # noqa: B018 - a port out of range raises here
-    except ValueError as exc:
-        return f"is not a URL ({exc})"
-    if not parsed.host:
-        return "has no host"
+    parsed = parsed_url(url)
+    if isinstance(parsed, str):
+        return parsed
     if parsed.password is not None:
         return "must not hold the password (name its environment variable in state.password_env)"
     db = parsed.path.strip("/")

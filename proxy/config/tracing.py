@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from yarl import URL
-
-from .fields import Num, Reader, Spec, Text, fill
+from .fields import Num, Reader, Spec, Text, fill, parsed_url
 from .model import Tracing
 
 __all__ = ["tracing_section"]
@@ -41,11 +39,7 @@ def tracing_section(r: Reader, raw: Any) -> Tracing | None:
 def _otlp_problem(url: str) -> str | None:
     if not url.startswith(("http://", "https://")):
         return "must start with http:// or https:// (OTLP over HTTP)"
-    try:
-        parsed = URL(url)
-        parsed.port  # noqa: B018 - a port out of range raises here
-    except ValueError as exc:
-        return f"is not a URL ({exc})"
-    if not parsed.host:
-        return "has no host"
+    parsed = parsed_url(url)
+    if isinstance(parsed, str):
+        return parsed
     return None

@@ -231,8 +231,7 @@ class AccessLog:
             self.dropped += len(lines)
             return
         try:
-            self._stream.write(text)
-            self._stream.flush()
+            _write_whole(self._stream, text)
         except (OSError, ValueError) as exc:
             self.dropped += len(lines)
             if not self._write_failed:
@@ -268,3 +267,28 @@ class AccessLog:
             with contextlib.suppress(OSError):
                 self._stream.close()
             self._stream = None
+
+
+PIPE_BUF = 4096  # a write of at most this much to a pipe is never interleaved with another's
+
+
+def _write_whole(stream: TextIO, text: str) -> None:
+    """Write ``text`` (whole lines) so that no line is cut by another process writing to the same
+    stream (workers of one box share stderr and the log file): each write is one system call of
+    whole lines, at most ``PIPE_BUF`` bytes where lines allow (a file opened for appending takes
+    any one write whole)."""
+    stream.flush()
+    raw = getattr(stream, "buffer", None)
+    if raw is None:  # not a real file (a test's StringIO): nobody else writes to it
+        stream.write(text)
+        stream.flush()
+        return
+    data = text.encode(stream.encoding or "utf-8", "replace")
+    start = 0
+    while start < len(data):
+        end = len(data) if len(data) - start <= PIPE_BUF else data.rfind(b"\n", start, start + PIPE_BUF) + 1
+        if end <= start:  # one line longer than PIPE_BUF: whole, in its own write
+            end = data.index(b"\n", start) + 1
+        raw.write(data[start:end])
+        raw.flush()
+        start = end

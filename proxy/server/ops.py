@@ -80,8 +80,9 @@ async def health(request: web.Request) -> web.Response:
     """Every target of every route: figures per mode, breaker, failures, in flight, read from the
     state's snapshot like the metrics scrape."""
     gw = request.app[GATEWAY]
+    box = None if gw.box is None else {"worker": gw.box.index, "workers": gw.box.count}
     internals = gw.internals.health() if gw.internals is not None else None  # its internals used, or the fallback
-    return json_response({"fleet": _fleet(gw), "targets": health_rows(gw), "aiohttp": internals})
+    return json_response({"fleet": _fleet(gw), "box": box, "targets": health_rows(gw), "aiohttp": internals})
 
 
 def health_rows(gw: Gateway) -> list[dict[str, Any]]:
@@ -168,6 +169,7 @@ async def explain(request: web.Request) -> web.Response:
     return json_response({
         "route": name, "strategy": route.strategy, "mode": mode,
         "fleet": _fleet(gw),
+        **({"box": {"worker": gw.box.index, "workers": gw.box.count}} if gw.box is not None else {}),
         **({"cost_basis": basis} if basis else {}),
         **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
         "order": order,
@@ -219,11 +221,22 @@ def _signals(gw: Gateway, route: Any, targets: Any, now: float, op: str,
     return out, basis
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def own_metrics(request: web.Request) -> web.Response:
+    """This process's series alone (a single process's /metrics; a worker's on its private socket)."""
     gw = request.app[GATEWAY]
     snapshot = gw.state.snapshot(gw.config, gw.clock())
     body, content_type = request.app[HUB].scrape(snapshot, gw.config.routes, gw.loaded, gw.fleet)
     return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """/metrics: one worker's answer is the whole box's (proxy/box.py), a single process's its own."""
+    response = await own_metrics(request)
+    box = request.app[GATEWAY].box
+    if box is not None and response.body is not None:
+        assert isinstance(response.body, bytes)
+        response.body = (await box.metrics(response.body.decode())).encode()
+    return response
 
 
 def add_ops_routes(app: web.Application, hub: Hub | None) -> None:

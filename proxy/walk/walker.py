@@ -5,7 +5,7 @@ plan is skipped) and a :class:`~proxy.walk.slot.Slot`. *Send*: take the slot und
 provider's limit, send through the provider kind's transport, and read up to the commit
 point, the first token of a 2xx answer (``translate/first_token.py``). *Settle*: classify
 what came back by the one rule in ``classify.py`` and tell the state through its named
-methods (``State.first_token``, ``failed``, ``cool``: the one door, docs/adr/0012). Before the
+methods (``State.first_token``, ``failed``, ``cool``: the one door, docs/adr/0016). Before the
 commit every failure, an error event inside a 200 included,
 may move on; after it the walker hands the open call (a :class:`~proxy.walk.lease.Lease`)
 to the relay. The slot goes back when the attempt ends, or with the lease.

@@ -5,128 +5,14 @@ call counts, the process's log."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
 
 import aiohttp
-import orjson
-import pytest
-from aiohttp import web
 
-from ..conftest import chat_body, status_handler
-from ..redis_server import PASSWORD, RedisServer, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-PATH = "/v1/chat/completions"
-
-
-class Instance:
-    """One ``firstbyte serve`` with its own routes file and log."""
-
-    def __init__(self, tmp: Path, config: dict[str, Any], password: str = PASSWORD) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.dir = tmp / uuid.uuid4().hex[:6]
-        self.dir.mkdir()
-        self.access_log = self.dir / "access.log"
-        (self.dir / "routes.json").write_bytes(orjson.dumps({**config, "listen": f"127.0.0.1:{self.port}",
-                                                             "access_log": {"path": str(self.access_log)}}))
-        self.log = self.dir / "firstbyte.log"
-        self.password = password
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    async def start(self) -> Instance:
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from proxy.cli import main; sys.exit(main())",
-                 "serve", "--config", str(self.dir / "routes.json")],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "FLEET_PASSWORD": self.password})
-        async with aiohttp.ClientSession() as session:
-            for _ in range(400):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(self.url + "/readyz") as resp:
-                        if resp.status == 200:
-                            return self
-                assert self.proc.poll() is None, self.log.read_text()
-                await asyncio.sleep(0.025)
-        raise AssertionError("firstbyte never became ready")
-
-    async def metrics(self, session: aiohttp.ClientSession) -> str:
-        async with session.get(self.url + "/metrics") as resp:
-            return await resp.text()
-
-    async def health(self, session: aiohttp.ClientSession) -> dict[str, Any]:
-        async with session.get(self.url + "/v1/health") as resp:
-            return await resp.json()  # type: ignore[no-any-return]
-
-    def stop(self) -> str:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.log.read_text(errors="replace")
-
-
-@pytest.fixture
-async def instances(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Instance] = []
-
-    async def start(config: dict[str, Any], password: str = PASSWORD) -> Instance:
-        inst = await Instance(tmp_path, config, password).start()
-        started.append(inst)
-        return inst
-
-    yield start
-    for inst in started:
-        inst.stop()
-
-
-def config(redis: RedisServer, fleet: str, urls: dict[str, str], strategy: str = "ordered",
-           failures: int = 3) -> dict[str, Any]:
-    return {
-        "state": {"redis": redis.url, "fleet": fleet, "password_env": "FLEET_PASSWORD"},
-        "shutdown_grace": 1,
-        "providers": {n: {"kind": "openai", "base_url": u + "/v1", "timeouts": {"connect": 1, "first_chunk": 2}}
-                      for n, u in urls.items()},
-        "routes": {"chat": {"strategy": strategy, "cooldown": {"failures": failures, "secs": 30},
-                            "fastest": {"explore": 0},
-                            "targets": [{"provider": n, "model": "m"} for n in urls]}},
-    }
-
-
-def answering(delay: float = 0.0, status: int = 200) -> tuple[list[int], Any]:
-    calls: list[int] = []
-    fail = status_handler(status)
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        calls.append(1)
-        await request.read()
-        await asyncio.sleep(delay)
-        return web.json_response(chat_body("ok")) if status == 200 else await fail(request)
-
-    return calls, handle
-
-
-async def call(session: aiohttp.ClientSession, inst: Instance) -> int:
-    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-    async with session.post(inst.url + PATH, json=body) as resp:
-        await resp.read()
-        return resp.status
-
-
-def target(health: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(t for t in health["targets"] if t["target"] == name)
+from .conftest import PATH, ROOT, answering, call, config, target
 
 
 async def test_a_breaker_opened_in_one_process_excludes_in_the_others_within_100ms(
