@@ -114,7 +114,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
              "C": {"first_chunk_ms": 60, "jitter_ms": 5}},
     # Issue 28's abrupt degradation: the leader goes from 40 to 250 ms half-way through a short run at
     # concurrency 4; B (100 ms) is slower on paper until then. A leader that keeps losing hedged races
-    # must be demoted (docs/adr/0021), not waited on until the budget runs dry.
+    # must be demoted (docs/adr/0022), not waited on until the budget runs dry.
     "leader-degrades-abrupt": {"A": {"first_chunk_ms": 40, "jitter_ms": 5,
                                      "steps": [{"at": 0.5, "first_chunk_ms": 250}]},
                                "B": {"first_chunk_ms": 100, "jitter_ms": 5},

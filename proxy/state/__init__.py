@@ -101,7 +101,7 @@ class State:
                  behind: float | None = None) -> None:
         """A lower bound of the target's first token: a measuring call cut at its cap, or a racer
         cancelled because another won first (a lost race; ``behind``: the winner's figure). The
-        tracker holds one and demotes on two in a row (``state/tracker.py``, docs/adr/0021). The
+        tracker holds one and demotes on two in a row (``state/tracker.py``, docs/adr/0022). The
         fleet hears the bound as it is lifted over the winner, so a peer demotes alike."""
         if not ts.retired:
             bound = seconds if behind is None else max(seconds, behind * DEMOTE_MARGIN)

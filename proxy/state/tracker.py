@@ -11,7 +11,7 @@ series: a target measured in one mode only is unmeasured in the other
 (docs/adr/0007).
 
 A censored sample is a lower bound of a first token: a measuring racer cut at its cap, or a racer
-cancelled because another won before it had a token (a lost race, docs/adr/0021). One such bound is
+cancelled because another won before it had a token (a lost race, docs/adr/0022). One such bound is
 held, not averaged: it dates the figure but moves nothing, since a leader that stalls on one call in
 ten must keep its place and its hedge percentile. ``DEMOTE_AFTER`` bounds in a row (no faster answer
 between them) say the old figure describes another moment: the series restarts from the bounds,

@@ -2,7 +2,7 @@
 
 A racer cancelled because another won (a lost race), or a measuring loser cut at its cap, had no
 first token by then: its time so far is a censored sample. It goes to the state's one door
-(``State.censored``); the tracker holds one and demotes on two in a row (docs/adr/0021). A bound
+(``State.censored``); the tracker holds one and demotes on two in a row (docs/adr/0022). A bound
 under the target's own figure says nothing its figure does not, so it is not told: a hedge that
 started 10 ms before the leader answered is no evidence against the hedge's 100 ms figure. Nor is
 an unmeasured target's lost race told: it is owed a measure of its own (``state/budget.py``), and a

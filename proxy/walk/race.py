@@ -17,7 +17,7 @@ Who races from the start, who pays and each leader's hedge delay are the plan's 
 happened in the route's budget, which only a due hedge still asks. The first racer to commit
 (first token, or a client error returned as it is) wins. A loser is cancelled at once and not
 blamed, but its time so far is a lower bound of its first token (a lost race is evidence,
-``walk/evidence.py``, docs/adr/0021). A racer that fails does not end the race: when none is
+``walk/evidence.py``, docs/adr/0022). A racer that fails does not end the race: when none is
 left running, the walk goes on with the rest of the order.
 """
 

@@ -123,7 +123,7 @@ def test_a_stall_enters_the_load_fit_at_three_times_its_mean() -> None:
     assert tr.figure(KEY, Fastest(), 100.0) > 0.1  # the figure itself still sees the whole stall
 
 
-# -- censored samples: a lost race is a lower bound (docs/adr/0021) -----------------------------
+# -- censored samples: a lost race is a lower bound (docs/adr/0022) -----------------------------
 # Each step: ("s", seconds) an answered first token, ("c", seconds) a censored bound, at 1 s apart
 # on the injected clock; the policy is the default EWMA (alpha 0.1). The leader's samples are 40 ms.
 

@@ -790,7 +790,7 @@ async def test_shutdown_with_a_measuring_loser_keeps_its_record(upstreams, proxy
     assert "b" in names, f"the explored racer vanished from the record: {mine[0].decision.attempts}"
 
 
-# -- a lost race is evidence (docs/adr/0021) ---------------------------------------------------
+# -- a lost race is evidence (docs/adr/0022) ---------------------------------------------------
 
 
 class Shifting(Timed):
