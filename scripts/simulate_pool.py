@@ -112,8 +112,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "load": {"A": {"first_chunk_ms": 15, "jitter_ms": 3, "load_ms": 8},
              "B": {"first_chunk_ms": 40, "jitter_ms": 5},
              "C": {"first_chunk_ms": 60, "jitter_ms": 5}},
+    # Issue 28's abrupt degradation: the leader goes from 40 to 250 ms half-way through a short run at
+    # concurrency 4; B (100 ms) is slower on paper until then. A leader that keeps losing hedged races
+    # must be demoted (docs/adr/0022), not waited on until the budget runs dry.
+    "leader-degrades-abrupt": {"A": {"first_chunk_ms": 40, "jitter_ms": 5,
+                                     "steps": [{"at": 0.5, "first_chunk_ms": 250}]},
+                               "B": {"first_chunk_ms": 100, "jitter_ms": 5},
+                               "C": {"first_chunk_ms": 400, "jitter_ms": 5},
+                               "run": {"seconds": 3.0, "concurrency": 4}},
 }
-RACE_SCENARIOS = ("cold-start", "slow-becomes-fastest", "stall", "load")
+RACE_SCENARIOS = ("cold-start", "slow-becomes-fastest", "stall", "load", "leader-degrades-abrupt")
 ORACLE = "oracle"  # the reference run: every request pinned to the scheduled-best target
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ordered": {"strategy": "ordered"},

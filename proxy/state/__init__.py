@@ -19,7 +19,7 @@ from ..config import Config, Cooldown, Fastest, TargetKey
 from .breaker import Breaker, Health
 from .budget import HedgeBudget
 from .snapshot import TargetFigures, snapshot
-from .tracker import BUFFERED, STREAMED, Tracker
+from .tracker import BUFFERED, DEMOTE_MARGIN, STREAMED, Tracker
 
 HISTORY = 100  # recent attempts kept per target for the health share
 
@@ -97,12 +97,17 @@ class State:
         ts.breaker.success()
         ts.history.append(True)
 
-    def censored(self, ts: TargetState, seconds: float, now: float, mode: str) -> None:
-        """A measuring call cut at its cap: its time so far is a lower bound of its first token."""
+    def censored(self, ts: TargetState, seconds: float, now: float, mode: str,
+                 behind: float | None = None) -> None:
+        """A lower bound of the target's first token: a measuring call cut at its cap, or a racer
+        cancelled because another won first (a lost race; ``behind``: the winner's figure). The
+        tracker holds one and demotes on two in a row (``state/tracker.py``, docs/adr/0022). The
+        fleet hears the bound as it is lifted over the winner, so a peer demotes alike."""
         if not ts.retired:
-            self.tracker.record(ts.key, seconds, now, mode)
+            bound = seconds if behind is None else max(seconds, behind * DEMOTE_MARGIN)
+            self.tracker.censor(ts.key, bound, now, mode)
             if self.listener is not None:
-                self.listener(("c", ts.key, mode, seconds))
+                self.listener(("c", ts.key, mode, bound))
 
     def failed(self, ts: TargetState, now: float, cooldown: Cooldown, kind: str) -> None:
         """A failure that counts against the target (``kind`` is the outcome's word: 503, timeout,
@@ -142,10 +147,12 @@ class State:
         open target)."""
         if ts.retired:
             return
+        if censored:
+            self.tracker.censor(ts.key, seconds, at, mode)
+            return
         self.tracker.record(ts.key, seconds, at, mode)
-        if not censored:
-            ts.breaker.success()
-            ts.history.append(True)
+        ts.breaker.success()
+        ts.history.append(True)
 
     def heard_failure(self, ts: TargetState, now: float, cooldown: Cooldown) -> None:
         """Another instance's counted failure: the fleet counts failures together."""

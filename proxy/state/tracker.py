@@ -10,6 +10,15 @@ answer, which grows with the answer's length. The two clocks never share a
 series: a target measured in one mode only is unmeasured in the other
 (docs/adr/0007).
 
+A censored sample is a lower bound of a first token: a measuring racer cut at its cap, or a racer
+cancelled because another won before it had a token (a lost race, docs/adr/0022). One such bound is
+held, not averaged: it dates the figure but moves nothing, since a leader that stalls on one call in
+ten must keep its place and its hedge percentile. ``DEMOTE_AFTER`` bounds in a row (no faster answer
+between them) say the old figure describes another moment: the series restarts from the bounds,
+each lifted over ``behind`` (the figure of the target that won) by ``DEMOTE_MARGIN``, so the leader
+ranks behind the target it lost to whatever that target's figure says on paper. An answer faster
+than the smallest held bound clears them; a slower one confirms them and leaves them held.
+
 A sample the walker took with the count of other attempts the target had in flight also feeds a
 least-squares line of time against that load (exponentially weighted moments, ``FIT_ALPHA``): its
 slope is what one more call in flight costs this target, the load-fitted figure's correction
@@ -25,11 +34,14 @@ from itertools import islice
 from ..config import Fastest, TargetKey
 
 MAX_WINDOW = 10000
+MAX_HELD = 10  # a demoted figure restarts from at most this many bounds
 STREAMED = "streamed"
 BUFFERED = "buffered"
 MODES = (STREAMED, BUFFERED)
 FIT_ALPHA = 0.1  # the load fit forgets as the default figure does (fastest.alpha)
 FIT_MIN_VARIANCE = 0.25  # in-flight counts varying less than this say nothing of a slope
+DEMOTE_AFTER = 2  # lost races in a row that restart a figure from their bounds
+DEMOTE_MARGIN = 1.05  # a demoted figure is at least this much over the figure of the target that won
 FIT_CLIP = 3.0  # a sample over this many times the fit's mean is a tail event (a stall), not load
 
 
@@ -43,6 +55,7 @@ class Series:
     ewma: dict[float, float] = field(default_factory=dict)
     moments: list[float] | None = None  # the load fit: weighted means of n, x, n*n, n*x (n in flight, x a sample)
     load_slope: float = 0.0  # the last slope the fit could see
+    held: list[float] = field(default_factory=list)  # censored bounds since the last faster answer
 
     def fit(self, load: int, seconds: float) -> None:
         m = self.moments
@@ -71,17 +84,44 @@ class Series:
 
     def add(self, seconds: float, now: float, stale_after: float) -> None:
         if self.newest_at is not None and now - self.newest_at > stale_after:
-            # An expired figure restarts: old samples describe another moment.
-            self.samples.clear()
-            self.ewma.clear()
-            self.moments = None
-            self.load_slope = 0.0
+            self.restart()  # an expired figure restarts: old samples describe another moment
         self.samples.append(seconds)
         self.count += 1
-        if self.newest_at is None or now > self.newest_at:  # a peer's sample may arrive after a newer one
-            self.newest_at = now
+        self.dated(now)
         for alpha, value in self.ewma.items():
             self.ewma[alpha] = alpha * seconds + (1 - alpha) * value
+
+    def restart(self) -> None:
+        self.samples.clear()
+        self.ewma.clear()
+        self.moments = None
+        self.load_slope = 0.0
+        self.held.clear()
+        self.newest_at = None
+
+    def dated(self, now: float) -> None:
+        if self.newest_at is None or now > self.newest_at:  # a peer's sample may arrive after a newer one
+            self.newest_at = now
+
+    def censor(self, bound: float, now: float, stale_after: float) -> bool:
+        """Hold a lower bound (already lifted over the winner); True when it demoted the figure."""
+        if self.newest_at is not None and now - self.newest_at > stale_after:
+            self.restart()
+        if not self.samples:  # unmeasured: the bound is the only figure there is
+            self.add(bound, now, stale_after)
+            self.held.append(bound)
+            return False
+        self.held.append(bound)
+        del self.held[:-MAX_HELD]
+        if len(self.held) < DEMOTE_AFTER:
+            self.dated(now)  # a stall until the next says otherwise: the figure stands
+            return False
+        held = list(self.held)
+        self.restart()
+        self.held = held
+        for value in held:
+            self.add(value, now, stale_after)
+        return True
 
     def smoothed(self, alpha: float) -> float:
         value = self.ewma.get(alpha)
@@ -115,9 +155,28 @@ class Tracker:
         series = by_key.get(key)
         if series is None:
             series = by_key[key] = Series()
+        if series.held and seconds < min(series.held):
+            series.held.clear()  # faster than every lost race said: those were stalls
         series.add(seconds, now, self.stale_after)
         if load is not None:
             series.fit(load, seconds)
+
+    def censor(self, key: TargetKey, seconds: float, now: float, mode: str = STREAMED,
+               behind: float | None = None) -> bool:
+        """A lower bound of the target's first token (a lost race, or a measure cut at its cap),
+        ``behind`` the figure of the target that answered first, if known. True when it demoted
+        the target's figure (``DEMOTE_AFTER`` bounds in a row)."""
+        by_key = self.modes[mode]
+        series = by_key.get(key)
+        if series is None:
+            series = by_key[key] = Series()
+        bound = seconds if behind is None else max(seconds, behind * DEMOTE_MARGIN)
+        return series.censor(bound, now, self.stale_after)
+
+    def held(self, key: TargetKey, mode: str = STREAMED) -> int:
+        """Lower bounds held against the target's figure since its last faster answer."""
+        series = self.modes[mode].get(key)
+        return 0 if series is None else len(series.held)
 
     def load_fit(self, key: TargetKey, mode: str = STREAMED) -> tuple[float, float] | None:
         """The target's load slope (seconds per call in flight) and the mean load of its samples."""

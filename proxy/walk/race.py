@@ -13,13 +13,12 @@ task. A race starts in two ways:
   request that never hedges arms no timer and starts no task.
 
 Who races from the start, who pays and each leader's hedge delay are the plan's (``Opening``,
-``routing/hedge.py``); the race runs them, a :class:`Phase` and a :class:`Hedging` its named
-states, and records what happened in the route's budget (``state/budget.py``), which only a
-due hedge still asks. The first racer to commit (first token, or a client error returned as
-it is) wins. A losing hedge is cancelled at once (its upstream call aborted, its connection
-closed, nothing counted against it); a leader that loses is stopped the way its first-chunk deadline would stop it, by
-cancelling its await, and likewise is not blamed. A racer that fails does not end the race:
-when none is left running, the walk goes on with the rest of the order.
+``routing/hedge.py``); the race runs them (:class:`Phase`, :class:`Hedging`) and records what
+happened in the route's budget, which only a due hedge still asks. The first racer to commit
+(first token, or a client error returned as it is) wins. A loser is cancelled at once and not
+blamed, but its time so far is a lower bound of its first token (a lost race is evidence,
+``walk/evidence.py``, docs/adr/0022). A racer that fails does not end the race: when none is
+left running, the walk goes on with the rest of the order.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from ..routing.hedge import FREE, Opening, measure_cap
 from ..routing.plan import Plan
 from ..state.tracker import BUFFERED, STREAMED
 from .deadlines import Countdown
+from .evidence import lower_bound
 from .result import Answered, Committed, Settling, Trail, Walked
 from .slot import Reservation
 from .walker import Walker
@@ -47,10 +47,9 @@ Left = Callable[[tuple[Attempt, ...], tuple[Racer, ...]], None]
 
 def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call,
                left: Left | None = None) -> Awaitable[Walked]:
-    """Walk the planned order: one target at a time, or as a race on a route with ``hedge``.
-    (Not a coroutine itself: the caller awaits the walk's, one frame fewer per request.)
-    ``left`` hears a race's attempts and racers so far when the client leaves before any answered,
-    so the racers it started are still counted."""
+    """Walk the planned order: one target at a time, or as a race on a route with ``hedge``. (Not a
+    coroutine: one frame fewer per request.) ``left`` hears a race's attempts and racers so far when
+    the client leaves before any answered, so the racers it started are still counted."""
     route = plan.route
     hedge = route.hedge
     if hedge is None or plan.opening is None:
@@ -230,6 +229,9 @@ class Race:
             task = self.task
             if self.phase is not Phase.CUTTING or task is None or task.uncancel():
                 raise  # the client left: every racer goes too
+            before = self.inline.attempts[-2:-1]  # a lost race is evidence, unless a try of it failed
+            if self.winner is not None and not (before and before[0].name == target.name):
+                self._bound(target, self.leader_started, self.winner.target)
             return False
         finally:
             self.leader = None
@@ -275,13 +277,8 @@ class Race:
                                                     self.call, racer.target.name == self.rescued,
                                                     self._won if racer.measuring else None)
             except asyncio.CancelledError:
-                task = racer.task
-                if not racer.capped or task is None or task.uncancel():
-                    if racer.measuring and self._won():  # kept after the answer: the record waits for a word
-                        racer.trail.attempts.append(Attempt(racer.target.name, "lost",
-                                                            self.walker.clock() - racer.started))
+                if self._cancelled(racer):
                     raise  # the client left, or the loop is closing
-                self._capped(racer)
                 return
             if not over:
                 self.last = racer.trail
@@ -314,21 +311,26 @@ class Race:
             if self.changed is not None and not self.changed.done():
                 self.changed.set_result(None)
 
-    def _capped(self, racer: _Racer) -> None:
-        """A measuring loser cut at its cap: not a failure (nothing counts against it), and its
-        time so far is a lower bound of its first token, recorded as a censored sample that never
-        lowers its figure: it ranks the target behind the winner, which is all the order needs, and
-        dates its figure, so staleness does not send it straight back into a race."""
-        now = self.walker.clock()
-        elapsed = now - racer.started
-        racer.trail.attempts.append(Attempt(racer.target.name, "capped", elapsed))
-        if len(racer.trail.attempts) > 1:
-            return  # an earlier try failed: this is no lower bound of a first token
-        mode = STREAMED if self.call.stream else BUFFERED
-        key = racer.target.key
-        state = self.walker.state
-        figure = state.figure(key, self.route.fastest, now, mode)
-        state.censored(state.target(key), elapsed if figure is None else max(elapsed, figure), now, mode)
+    def _cancelled(self, racer: _Racer) -> bool:
+        """True unless it was our cut at its cap. A hedge that lost its race, or a measure cut at its
+        cap, is not blamed: it tells a lower bound of its first token (unless a try of it failed)."""
+        task = racer.task
+        first = not racer.trail.attempts
+        if not racer.capped or task is None or task.uncancel():
+            if racer.measuring and self._won():  # kept after the answer: the record waits for a word
+                racer.trail.attempts.append(Attempt(racer.target.name, "lost", self.walker.clock() - racer.started))
+            elif self._won() and first:  # a hedge that lost its race
+                self._bound(racer.target, racer.started)
+            return True
+        racer.trail.attempts.append(Attempt(racer.target.name, "capped", self.walker.clock() - racer.started))
+        if first:
+            self._bound(racer.target, racer.started, capped=True)
+        return False
+
+    def _bound(self, target: Target, started: float, winner: Target | None = None, capped: bool = False) -> None:
+        """``target`` had no first token since ``started``: a censored sample (``walk/evidence.py``)."""
+        lower_bound(self.walker.state, self.route.fastest, self.call.stream, target, started, self.walker.clock(),
+                    winner, capped)
 
     def _won(self) -> bool:
         return self.winner is not None or self.inline.served is not None
@@ -353,18 +355,16 @@ class Race:
             self.timer = None
 
     def _arm_cap(self, racer: _Racer, answer: Trail, now: float) -> None:
-        """Cut ``racer`` once it has run ``measure_cap`` from its start. One loop timer per
-        measuring loser, which exists only on a request that raced (at most ``max_extra`` of
-        them): the sweeper's coarse interval would make a half-second cap up to a second late."""
+        """Cut ``racer`` once it has run ``measure_cap`` from its start. One loop timer per measuring loser
+        (only on a request that raced): the sweeper's coarse interval would make a 0.5 s cap 1 s late."""
         last = answer.attempts[-1] if answer.attempts else None
         cap = measure_cap(self.hedge, None if last is None else last.ttfc)
         racer.cap = asyncio.get_running_loop().call_later(max(0.0, racer.started + cap - now), _cut, racer)
 
     def _finish(self, trail: Trail, winner: _Racer | None = None) -> Walked:
         """``trail``'s verdict (the winner's, the inline leader's, or the last failure's) with every attempt
-        in the order the targets started; a racer cut short shows ``lost``, one still being
-        measured ``measuring``, with its seconds so far (and the result says how to read its
-        outcome once it ends: :class:`~proxy.walk.result.Settling`)."""
+        in the order the targets started; a racer cut short shows ``lost``, one still being measured
+        ``measuring``, with its seconds so far (its outcome, once it ends: ``result.Settling``)."""
         if not self.racers:  # nobody raced: the plain walk's result
             return trail.result(tuple(trail.attempts), tuple(self.roles))
         now = self.walker.clock()

@@ -75,3 +75,10 @@ def test_a_hostile_event_is_skipped_and_the_batch_goes_on(wire: Any) -> None:
     state, _, applied = folded(wire, ["s", "u|m", "streamed", 0.2, 1099.0])
     assert applied == 2  # the good sample after it, on both names
     assert state.tracker.samples(("a", "m")) == 1
+
+
+def test_a_peers_two_lost_races_demote_its_leader_here_too() -> None:
+    state, told, _ = folded(["s", "u|m", "streamed", 0.04, 1097.0], ["c", "u|m", "streamed", 0.3, 1098.0])
+    assert state.tracker.recent(("a", "m"), "streamed") == [0.04]  # one lost race: held, a stall so far
+    fold(state, "peer", [["c", "u|m", "streamed", 0.3, 1099.0]], KEYS, 100.0, lambda wall: wall - 1000.0, Peers())
+    assert state.tracker.recent(("a", "m"), "streamed") == [0.3, 0.3] and told == []

@@ -46,6 +46,17 @@ def opened(state: State, ts: TargetState) -> None:
                  id="retired-target-measures-nobody"),
     pytest.param(lambda s, ts: s.censored(ts, 2.0, 1.0, STREAMED),
                  lambda s, ts: s.tracker.samples(KEY, STREAMED) == 1 and not ts.history, id="censored-sample"),
+    pytest.param(lambda s, ts: (s.first_token(ts, 0.04, 1.0, STREAMED, 0), s.censored(ts, 0.14, 2.0, STREAMED, 0.1)),
+                 lambda s, ts: s.tracker.held(KEY) == 1 and s.tracker.recent(KEY, STREAMED) == [0.04],
+                 id="one-lost-race-held"),
+    pytest.param(lambda s, ts: (s.first_token(ts, 0.04, 1.0, STREAMED, 0), s.censored(ts, 0.14, 2.0, STREAMED, 0.2),
+                                s.censored(ts, 0.14, 3.0, STREAMED, 0.2)),
+                 lambda s, ts: s.tracker.recent(KEY, STREAMED) == [pytest.approx(0.21)] * 2,
+                 id="two-lost-races-demote-behind-the-winner"),
+    pytest.param(lambda s, ts: (s.first_token(ts, 0.04, 1.0, STREAMED, 0), s.heard_sample(ts, 0.3, 2.0, STREAMED, True),
+                                s.heard_sample(ts, 0.3, 3.0, STREAMED, True)),
+                 lambda s, ts: s.tracker.recent(KEY, STREAMED) == [0.3, 0.3] and list(ts.history) == [True],
+                 id="a-peers-two-lost-races-demote-here-too"),
     pytest.param(lambda s, ts: s.failed(ts, 0.0, TWO, "503"),
                  lambda s, ts: ts.breaker.failures == 1 and s.health(KEY, 0.0).usable and list(ts.history) == [False],
                  id="one-failure-under-threshold"),
@@ -77,7 +88,7 @@ def test_costs_are_swapped_in_whole() -> None:
 FIELDS = {"in_flight", "buffering", "retired", "failures", "state", "open_until", "cool_until", "probing",
           "cooldown", "costs"}
 MUTATORS = {("breaker", "begin"), ("breaker", "success"), ("breaker", "failure"), ("breaker", "cool"),
-            ("breaker", "abandon_probe"), ("history", "append"), ("tracker", "record")}
+            ("breaker", "abandon_probe"), ("history", "append"), ("tracker", "record"), ("tracker", "censor")}
 
 
 def writes_around_the_door(tree: ast.AST) -> list[str]:
@@ -117,3 +128,12 @@ def test_the_scan_sees_a_write_around_the_door() -> None:
     code = ("ts.in_flight += 1\nts.breaker.failure(now, c)\nstate.tracker.record(k, 1.0, now)\n"
             "slot.ts.history.append(True)\n")
     assert len(writes_around_the_door(ast.parse(code))) == 4
+
+
+def test_the_fleet_hears_a_lost_race_as_its_bound_lifted_over_the_winner() -> None:
+    state, told = State(), []
+    state.listener = told.append
+    ts = state.target(KEY)
+    state.censored(ts, 0.14, 2.0, STREAMED, behind=0.2)
+    state.censored(ts, 0.3, 3.0, STREAMED)
+    assert told == [("c", KEY, STREAMED, pytest.approx(0.21)), ("c", KEY, STREAMED, 0.3)]

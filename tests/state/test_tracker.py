@@ -121,3 +121,64 @@ def test_a_stall_enters_the_load_fit_at_three_times_its_mean() -> None:
     slope, _ = tr.load_fit(KEY)  # type: ignore[misc]
     assert slope < 0.01  # unclipped, this one sample reads as 0.13 s per call in flight
     assert tr.figure(KEY, Fastest(), 100.0) > 0.1  # the figure itself still sees the whole stall
+
+
+# -- censored samples: a lost race is a lower bound (docs/adr/0022) -----------------------------
+# Each step: ("s", seconds) an answered first token, ("c", seconds) a censored bound, at 1 s apart
+# on the injected clock; the policy is the default EWMA (alpha 0.1). The leader's samples are 40 ms.
+
+WARM = (("s", 0.04),) * 20
+
+
+@pytest.mark.parametrize(
+    ("steps", "figure", "held"),
+    [
+        pytest.param(WARM, 0.04, 0, id="warm-leader"),
+        pytest.param((*WARM, ("c", 0.14)), 0.04, 1, id="one-lost-race-is-held-not-averaged"),
+        pytest.param((*WARM, ("c", 0.14), ("c", 0.15)), 0.141, 2, id="two-in-a-row-restart-from-the-bounds"),
+        pytest.param((*WARM, ("c", 0.14), ("s", 0.04), ("c", 0.14)), 0.04, 1,
+                     id="a-faster-answer-between-clears-the-first"),
+        pytest.param((*WARM, ("c", 0.14), ("s", 0.25), ("c", 0.14)), 0.14 * 0.9 + 0.14 * 0.1, 2,
+                     id="a-slower-answer-between-confirms-it"),
+        pytest.param((*WARM, ("c", 0.14), ("c", 0.14), ("s", 0.25)), 0.14 * 0.9 + 0.25 * 0.1, 2,
+                     id="a-demoted-figure-goes-on-from-its-bounds"),
+        pytest.param((*WARM, ("c", 0.14), ("c", 0.14), ("s", 0.04)), 0.04 * 0.1 + 0.14 * 0.9, 0,
+                     id="a-recovery-after-a-demotion-clears-the-bounds"),
+        pytest.param((*((("s", 0.04),) * 9 + (("c", 0.14),)) * 10,), 0.04, 1,
+                     id="one-stall-in-ten-never-moves-the-figure"),
+        pytest.param((("c", 0.6),), 0.6, 1, id="an-unmeasured-targets-bound-is-its-figure"),
+    ],
+)
+def test_censored_update(steps: tuple[tuple[str, float], ...], figure: float, held: int) -> None:
+    tr = Tracker(stale_after=300)
+    for i, (kind, secs) in enumerate(steps):
+        if kind == "s":
+            tr.record(KEY, secs, 100.0 + i)
+        else:
+            tr.censor(KEY, secs, 100.0 + i)
+    now = 100.0 + len(steps)
+    assert tr.figure(KEY, Fastest(), now) == pytest.approx(figure, abs=1e-3)
+    assert tr.held(KEY) == held
+    assert tr.age(KEY, now) == 1.0  # every bound dates the figure, held or not
+
+
+@pytest.mark.parametrize(
+    ("behind", "figure"),
+    [
+        pytest.param(None, 0.141, id="no-winner-figure-the-bounds-alone"),
+        pytest.param(0.10, 0.141, id="a-winner-under-the-bounds-changes-nothing"),
+        pytest.param(0.30, 0.315, id="a-winner-slower-on-paper-the-loser-goes-behind-it"),
+    ],
+)
+def test_a_demotion_ranks_the_leader_behind_the_target_it_lost_to(behind: float | None, figure: float) -> None:
+    tr = tracker(*(0.04,) * 20)
+    tr.censor(KEY, 0.14, 101.0, behind=behind)
+    assert tr.censor(KEY, 0.15, 102.0, behind=behind)
+    assert tr.figure(KEY, Fastest(), 102.0) == pytest.approx(figure, abs=1e-3)
+
+
+def test_a_stale_series_forgets_its_held_bounds() -> None:
+    tr = tracker(0.04)
+    tr.censor(KEY, 0.14, 101.0)
+    assert not tr.censor(KEY, 0.14, 1000.0)  # 900 s later: another moment, the bound is its only figure
+    assert tr.figure(KEY, Fastest(), 1000.0) == pytest.approx(0.14) and tr.held(KEY) == 1

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.config import parse_config
+from proxy.config import Fastest, parse_config
 from proxy.observe import Finished
 from proxy.routing.decision import duplicate_calls
 
@@ -788,3 +788,83 @@ async def test_shutdown_with_a_measuring_loser_keeps_its_record(upstreams, proxy
     assert not observer.after_close, "the record reached an observer after it was closed"
     names = [x.name for x in mine[0].decision.attempts]
     assert "b" in names, f"the explored racer vanished from the record: {mine[0].decision.attempts}"
+
+
+# -- a lost race is evidence (docs/adr/0022) ---------------------------------------------------
+
+
+class Shifting(Timed):
+    """A streamed upstream whose first token comes after ``delay(n)`` for its nth call."""
+
+    def __init__(self, delay: Any, text: str) -> None:
+        Timed.__init__(self, first=0.0, text=text)
+        self.delay = delay
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        self.first = self.delay(len(self.starts))
+        return await Timed.__call__(self, request)
+
+
+async def _leads(p: Any, n: int) -> list[Any]:
+    """``n`` requests one after another (each a race the leader may lose): their decisions."""
+    out = []
+    for _ in range(n):
+        status, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+        assert status == 200
+        out.append(decision_of(headers))
+    return out
+
+
+async def _pool(upstreams: Any, proxy: Any, a: Timed, b: Timed) -> Any:
+    """a leads at 40 ms, b (100 ms) is slower on paper; a p90 hedge, as routes.yaml ships it, with
+    a budget that pays for a hedge on each of these sequential requests; no random explore."""
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+                              fastest={"explore": 0}, hedge={"after": "p90", "max_extra": 0.5, "refresh": 30})
+    for _ in range(12):  # a and b measured, then a leads on its own samples
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    await settle(a, b, want=len(a.starts) + len(b.starts))
+    assert p.gateway.state.figure(("a", "m"), Fastest(), p.gateway.clock()) < 0.08
+    return p
+
+
+async def test_a_degrading_leader_is_demoted_within_two_lost_races(upstreams, proxy):
+    degraded = {"at": None}
+    a = Shifting(lambda n: 0.25 if degraded["at"] is not None else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _pool(upstreams, proxy, a, b)
+    degraded["at"] = len(a.starts)  # 40 -> 250 ms
+    decisions = await _leads(p, 6)
+    lost = [d for d in decisions if ("a", "lost") in [(n, o.split()[0]) for n, o in d.attempt_outcomes()]]
+    assert 1 <= len(lost) <= 2, [d.order for d in decisions]
+    after = decisions[len(lost):]
+    assert [d.order_names[0] for d in after] == ["b"] * len(after)  # demoted, and it stays so
+    assert all(d.served == "b" for d in decisions)  # the hedge answered each lost race
+    assert p.gateway.state.figure(("a", "m"), Fastest(), p.gateway.clock()) > \
+        p.gateway.state.figure(("b", "m"), Fastest(), p.gateway.clock())
+
+
+async def test_a_leader_that_stalls_on_one_call_in_ten_keeps_its_place(upstreams, proxy):
+    a = Shifting(lambda n: 1.5 if n % 10 == 9 else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _pool(upstreams, proxy, a, b)
+    decisions = await _leads(p, 30)
+    stalled = [d for d in decisions if d.served == "b"]
+    assert len(stalled) >= 2  # it stalled, and the hedge won those races
+    assert all(("a", "lost") in [(n, o.split()[0]) for n, o in d.attempt_outcomes()] for d in stalled)
+    assert [d.order_names[0] for d in decisions] == ["a"] * len(decisions)  # it led every one
+
+
+def test_a_demoted_leader_goes_behind_the_winner_as_the_order_ranks_it_not_its_stale_average() -> None:
+    from proxy.config import Target
+    from proxy.state import State
+    from proxy.walk.evidence import lower_bound
+
+    state, policy = State(), Fastest()
+    a, b = Target("a", "a", "m"), Target("b", "b", "m")
+    for i in range(10):
+        state.first_token(state.target(a.key), 0.04, float(i), "streamed", 0)
+        state.first_token(state.target(b.key), 0.4, float(i), "streamed", 0)
+    state.first_token(state.target(b.key), 0.02, 10.0, "streamed", 0)  # b recovered: its EWMA still says 0.36 s
+    lower_bound(state, policy, True, a, 10.0, 10.1, b)
+    lower_bound(state, policy, True, a, 11.0, 11.1, b)
+    assert state.figure(a.key, policy, 11.1) == pytest.approx(0.1008, abs=1e-3)  # behind b's 96 ms, not 0.38 s

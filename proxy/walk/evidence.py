@@ -1,0 +1,32 @@
+"""What a racer that ended without a token says of its target: a lower bound of its first token.
+
+A racer cancelled because another won (a lost race), or a measuring loser cut at its cap, had no
+first token by then: its time so far is a censored sample. It goes to the state's one door
+(``State.censored``); the tracker holds one and demotes on two in a row (docs/adr/0022). A bound
+under the target's own figure says nothing its figure does not, so it is not told: a hedge that
+started 10 ms before the leader answered is no evidence against the hedge's 100 ms figure. Nor is
+an unmeasured target's lost race told: it is owed a measure of its own (``state/budget.py``), and a
+bound as short as the winner's time would make it measured and hide it. A measure cut at its cap
+(``capped``) is told: it ran several times the winner's time, which ranks it behind.
+"""
+
+from __future__ import annotations
+
+from ..config import Fastest, Target
+from ..routing.ordering import fastest_figures
+from ..state import State
+from ..state.tracker import BUFFERED, STREAMED
+
+
+def lower_bound(state: State, policy: Fastest, stream: bool, target: Target, started: float, now: float,
+                winner: Target | None = None, capped: bool = False) -> None:
+    """Tell the state that ``target`` had no first token since ``started``, behind ``winner``."""
+    mode = STREAMED if stream else BUFFERED
+    key, elapsed = target.key, now - started
+    figure = state.figure(key, policy, now, mode)
+    if (figure is None and not capped) or (figure is not None and elapsed <= figure):
+        return
+    # The winner's figure as ``fastest`` ranks it (a recovery's fast EWMA, not its stale average):
+    # the loser goes behind where the order puts the winner, not behind an old paper figure.
+    behind = None if winner is None else fastest_figures([winner], state, policy, now, mode)[winner.name]
+    state.censored(state.target(key), elapsed, now, mode, behind)
