@@ -18,8 +18,8 @@ real requests get empty replies; and it answers its own parser's errors
   cut with a reset: the handler is cancelled, its upstream call and concurrency slot freed, and
   the exchange logged as the client's doing (``relay.client_fault``), never the target's;
 - at ``max`` open connections the one idle longest between requests (a keep-alive connection
-  with no request under way) is closed to make room: a client pool reconnects, and idle
-  connections cannot lock new clients out;
+  with no request under way) is closed to make room, else the one that has sent nothing for
+  ``SILENT_SECS``: idle or silent connections cannot lock new clients out;
 - past ``max`` open connections with none idle, a new one has one second to send its request
   head, which is answered 503 in the OpenAI shape (a real request in a flood
   gets an answer, not an empty reply), and is then closed; ``max`` is held
@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import resource
 from collections import deque
 from typing import Any, cast
@@ -64,6 +65,8 @@ LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dro
 FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 JSON = "application/json"
 PROGRESS = 64 * 1024  # what a paused client must take per send_timeout to count as reading (not the tail of its window)
+SILENT_SECS = 1.0  # at the cap, a connection that has sent no head for this long makes room
+
 CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "idle_evicted", "over_capacity", "evicted",
                  "refused")
 
@@ -139,14 +142,15 @@ class Guard:
                 return True
         return False
 
-    def make_room(self) -> bool:
-        """At the hard limit: close the connection that has waited longest for a request head."""
+    def make_room(self, waited_since: float = math.inf) -> bool:
+        """Close the connection that has waited longest for a request head (at the hard limit any;
+        at the cap one waiting since before ``waited_since``)."""
         oldest: GuardedHandler | None = None
         for conn in self.conns:
             since = conn.head_since
             if since is not None and (oldest is None or since < oldest.head_since):  # type: ignore[operator]
                 oldest = conn
-        if oldest is None:
+        if oldest is None or oldest.head_since >= waited_since:  # type: ignore[operator]
             return False
         self.closed["evicted"] += 1
         self.conns.discard(oldest)
@@ -227,8 +231,9 @@ class GuardedHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
-        if len(guard.conns) >= guard.max:
-            guard.evict_idle()  # room at the cap, from a connection no request is using
+        if len(guard.conns) >= guard.max and not guard.evict_idle():
+            # else from one silent for SILENT_SECS (`max` silent sockets kept newcomers at 503)
+            guard.make_room(waited_since=self._loop.time() - SILENT_SECS)
         if len(guard.conns) >= guard.hard_max and not guard.make_room():
             guard.closed["refused"] += 1
             self.refused = True

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.gateway import Gateway
 from proxy.observe.hub import Hub
-from proxy.server.listener import LINGER, Guard, GuardedRunner
+from proxy.server.listener import LINGER, SILENT_SECS, Guard, GuardedRunner
 from proxy.server.ops import build_ops_app
 
 from ..conftest import assert_openai_error, exchange, make_config, ok_handler, openai_provider, post_head, route_config
@@ -262,3 +262,21 @@ async def test_connections_and_their_cuts_are_metrics(upstreams, proxy):
     later = {(s.name, tuple(sorted(s.labels.items()))): s.value
              for family in text_string_to_metric_families(body2.decode()) for s in family.samples}
     assert later[("firstbyte_connections", (("listener", "main"),))] == 2
+
+
+@pytest.mark.timeout(15)
+async def test_at_the_cap_a_connection_silent_for_a_second_makes_room_for_a_new_client(upstreams, proxy):
+    """A reviewer held `max` sockets that never said a word (reopened each header_timeout, they would
+    lock everyone out with 503 for good): at the cap, the one silent longest past SILENT_SECS gives way."""
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                     "connections": {"max": 8, "header_timeout": 10}})
+    guard = p.guards[0]
+    silent = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(guard.max)]
+    await asyncio.sleep(SILENT_SECS + 0.2)  # the sockets' silence is the point: real time, on a real socket
+    status, _, body = await exchange(p.port, post_head(len(CHAT)), CHAT)
+    assert status == 200, body
+    data, _ = await closed_within(silent[0][0], 1)  # the first, silent longest, made the room
+    assert data == b"" and guard.closed["evicted"] == 1 and guard.closed["over_capacity"] == 0
+    for _, w in silent:
+        w.close()
