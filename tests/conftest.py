@@ -8,6 +8,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -425,3 +427,15 @@ def promtool() -> str:
         pytest.fail("promtool not found: scripts/test installs it when run as root (apt-get install prometheus), "
                     "or set FIRSTBYTE_NO_PROMTOOL=1 where the platform cannot have it")
     return found
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, log: Path) -> str:
+    """Stop a ``firstbyte serve`` process gracefully (SIGTERM, then a kill after 10 s); what it logged."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return log.read_text(errors="replace")

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import os
 import random
-import signal
 import socket
 import struct
 import subprocess
@@ -37,6 +36,8 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+
+from .conftest import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "bench-results" / "fault-drill.txt"
@@ -385,14 +386,7 @@ class Firstbyte:
 
     def stop(self) -> str:
         """Stop it (SIGTERM, graceful) and return what it logged."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.log.read_text(errors="replace")
+        return stop_process(self.proc, self.log)
 
 
 @pytest.fixture

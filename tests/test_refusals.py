@@ -14,25 +14,13 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.observe import Finished
 from proxy.observe.metrics import Metrics
 
 from .anthropic_fakes import anthropic_provider, messages_handler
-from .conftest import decision_of, ok_handler, openai_provider, route_config
+from .conftest import Recorder, decision_of, ok_handler, openai_provider, route_config
 
 USER = [{"role": "user", "content": "hi"}]
 FUNCTION = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.seen: list[Finished] = []
-
-    def on_finished(self, finished: Finished) -> None:
-        self.seen.append(finished)
-
-    async def close(self) -> None:
-        pass
 
 
 async def mixed(upstreams, proxy, **kwargs):

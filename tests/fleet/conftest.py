@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -19,7 +18,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from ..conftest import chat_body, status_handler
+from ..conftest import chat_body, status_handler, stop_process
 from ..redis_server import PASSWORD, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,14 +65,7 @@ class Instance:
             return await resp.json()  # type: ignore[no-any-return]
 
     def stop(self) -> str:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.log.read_text(errors="replace")
+        return stop_process(self.proc, self.log)
 
 
 @pytest.fixture
