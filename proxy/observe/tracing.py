@@ -2,10 +2,12 @@
 
 A sampled exchange's record is queued as it is (the ``Finished`` the server built anyway, with the
 ids the request path chose in ``proxy/traceparent.py``); nothing is built or encoded for it then.
-A task the observer owns wakes every half second, encodes what is queued into OTLP spans
-(``spans.py``, a slice at a time so the loop keeps serving) and posts them in batches over
-OTLP/HTTP. A slow or dead collector fills the bounded queue and records are dropped, before any
-encoding was spent on them, while no request waits for anything (docs/adr/0012).
+A task the observer owns wakes every ``tracing.export_every`` (half a second), or as soon as a
+batch is full, encodes what is queued into OTLP spans (``spans.py``, a slice at a time so the
+loop keeps serving) and posts them in batches over OTLP/HTTP: at any busy rate a post carries
+a full batch, so its cost is shared by some 250 requests. A slow or dead collector fills the
+bounded queue and records are dropped, before any encoding was spent on them, while no request
+waits for anything (docs/adr/0012).
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ log = logging.getLogger("firstbyte")
 
 EXPORT_TIMEOUT = 5.0  # seconds one export may take
 CLOSE_WAIT = 2.0  # seconds a stop waits for the last spans to go out
-EVERY = 0.5  # seconds between exports
-BATCH = 512  # spans per export, about (a record's spans are never split)
+BATCH = 512  # spans per export, about (a record's spans are never split); a full one wakes the exporter
 SLICE = 64  # records encoded in one turn of the loop
 WARN_EVERY = 60.0  # seconds between two warnings about a collector that fails
 
@@ -58,6 +59,7 @@ class Traces:
         self._resource = attr("service.name", tracing.service_name, 1)
         self._scope = scope("firstbyte", _version())
         self._task: asyncio.Task[None] | None = None  # kept: a bare task may be collected
+        self._full = asyncio.Event()  # a batch is waiting: post it now, not at the next tick
         self._warned = 0.0
 
     def reconfigure(self, config: Config) -> None:
@@ -75,6 +77,8 @@ class Traces:
             return
         self.queue.append(finished)
         self.queued += count
+        if self.queued >= BATCH:
+            self._full.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="firstbyte-traces")
 
@@ -96,7 +100,10 @@ class Traces:
     async def _run(self) -> None:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
             while True:
-                await asyncio.sleep(EVERY)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.tracing.export_every):
+                        await self._full.wait()
+                self._full.clear()
                 while self.queue:
                     await self._send(session)
 
