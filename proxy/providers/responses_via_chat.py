@@ -73,7 +73,8 @@ class ResponsesUsageTap:
             if b'"usage"' not in event:
                 continue
             payload = json_object(event)
-            usage = ((payload.get("response") or {}) if payload is not None else {}).get("usage")
+            response = payload.get("response") if payload is not None else None
+            usage = response.get("usage") if isinstance(response, dict) else None
             if isinstance(usage, dict):
                 self.usage = usage_from_responses(usage)
 

@@ -22,7 +22,8 @@ from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamError, StreamTooLarge
 from ..memory import trim
 
-__all__ = ["DONE", "ChatChunkFeed", "EventFramer", "JsonEventFeed", "Opening", "SseDecoder", "data_frame",
+__all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES",
+           "ChatChunkFeed", "EventFramer", "JsonEventFeed", "Opening", "SseDecoder", "data_frame",
            "data_of", "event_around", "event_end", "event_frame", "fields", "json_object", "last_event_end",
            "openai_error_event", "opening_events", "split_events"]
 
@@ -30,6 +31,13 @@ Json = dict[str, Any]
 Event = tuple[str | None, Any]  # (the event's name, its decoded data)
 
 DONE = b"data: [DONE]\n\n"
+
+# What a translator raises when an event has the right envelope but fields of the wrong types
+# (``"tool_calls": 5``, ``"index": [1]``, ``"delta": "x"``): the upstream's fault, told as
+# ``WRONG_TYPES`` (a person can act on it; Python's own words are no use to a client).
+SHAPE_ERRORS = (TypeError, KeyError, ValueError, AttributeError, IndexError)
+INVALID_STREAM = "invalid_stream"  # the type of a StreamError for an event that is not the API's
+WRONG_TYPES = "an upstream event's fields have the wrong types for its API"
 
 
 def data_frame(payload: Json) -> bytes:
@@ -271,21 +279,24 @@ class JsonEventFeed:
         opening, data = opening_events(data)
         out = bytearray()
         try:
-            for name, event in opening:
-                if self.done:
-                    break
-                out += self._on_event(name, event)
-            for name, raw in self._decoder.feed(data):
-                if self.done:
-                    break
-                if self.ends_on_done and raw.strip() == b"[DONE]":
-                    out += self._on_done()
-                    continue
-                try:
-                    event = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise self.stream_error(f"{self.malformed}: {raw[:200]!r}", "invalid_stream") from exc
-                out += self._on_event(name, event)
+            try:
+                for name, event in opening:
+                    if self.done:
+                        break
+                    out += self._on_event(name, event)
+                for name, raw in self._decoder.feed(data):
+                    if self.done:
+                        break
+                    if self.ends_on_done and raw.strip() == b"[DONE]":
+                        out += self._on_done()
+                        continue
+                    try:
+                        event = orjson.loads(raw)
+                    except orjson.JSONDecodeError as exc:
+                        raise self.stream_error(f"{self.malformed}: {raw[:200]!r}", INVALID_STREAM) from exc
+                    out += self._on_event(name, event)
+            except SHAPE_ERRORS as exc:
+                raise self.stream_error(WRONG_TYPES, INVALID_STREAM) from exc
         except self.stream_error as exc:
             exc.partial = bytes(out)
             raise

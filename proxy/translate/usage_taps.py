@@ -181,10 +181,15 @@ class AnthropicUsageTap:
         if payload is None:
             return
         if payload.get("type") == "error":
-            error = payload.get("error") or {}
-            raise AnthropicStreamError(error.get("message") or "Anthropic stream error",
-                                       error.get("type") or "api_error")
-        usage = payload.get("usage") or (payload.get("message") or {}).get("usage")
+            error = payload.get("error")
+            error = error if isinstance(error, dict) else {"message": error}
+            message, kind = error.get("message"), error.get("type")
+            raise AnthropicStreamError(message if isinstance(message, str) and message else "Anthropic stream error",
+                                       kind if isinstance(kind, str) and kind else "api_error")
+        usage = payload.get("usage")
+        message = payload.get("message")
+        if not usage and isinstance(message, dict):
+            usage = message.get("usage")
         if isinstance(usage, dict):
             self._upstream.update({k: token_count(v) for k, v in usage.items() if isinstance(v, int | str)})
             self.usage = usage_from_anthropic(self._upstream)
