@@ -63,7 +63,7 @@ def opened(state: State, ts: TargetState) -> None:
     pytest.param(opened, lambda s, ts: s.health(KEY, 1.0).state == OPEN, id="failure-at-threshold-opens"),
     pytest.param(lambda s, ts: (opened(s, ts), s.first_token(ts, 0.1, 11.0, STREAMED, 0)),
                  lambda s, ts: s.health(KEY, 11.0).usable and ts.breaker.failures == 0, id="success-closes"),
-    pytest.param(lambda s, ts: s.cool(ts, 5.0),
+    pytest.param(lambda s, ts: s.cool(ts, 5.0, 1.0),
                  lambda s, ts: not s.health(KEY, 1.0).usable and s.health(KEY, 5.0).usable, id="retry-after-cools"),
     pytest.param(lambda s, ts: (opened(s, ts), s.admit(ts, 11.0)),
                  lambda s, ts: s.admit(ts, 11.0) == WAIT, id="probe-claimed-others-wait"),
