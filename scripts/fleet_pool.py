@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import json
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -55,19 +56,21 @@ MODES = ("one", "fleet")
 
 
 class Ports:
-    """Consecutive free loopback ports from ``base`` (0: the kernel's choice each time)."""
+    """Free loopback ports taken in turn from ``base`` to ``base + span - 1``, then from ``base`` again
+    (a finished run's processes are gone by then); ``base`` 0: the kernel's choice each time."""
 
-    def __init__(self, base: int) -> None:
-        self.next = base
+    def __init__(self, base: int, span: int = 100) -> None:
+        self.base, self.span, self.turn = base, span, 0
 
     def take(self) -> int:
-        if not self.next:
+        if not self.base:
             return int(bench.free_port())
-        while True:
-            port, self.next = self.next, self.next + 1
+        for _ in range(self.span):
+            port, self.turn = self.base + self.turn, (self.turn + 1) % self.span
             with socket.socket() as s, contextlib.suppress(OSError):
                 s.bind(("127.0.0.1", port))
                 return port
+        raise RuntimeError(f"no free port in {self.base}-{self.base + self.span - 1}")
 
 
 def start_redis(ports: Ports, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -241,9 +244,11 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--concurrency", type=int, default=None)
     p.add_argument("--lead", type=float, default=0.2)
-    p.add_argument("--port-base", type=int, default=0, help="take ports from here (0: the kernel's choice)")
+    p.add_argument("--port-base", type=int, default=0,
+                   help="take ports from here to here + 99, in turn (0: the kernel's choice)")
     p.add_argument("--tag", default="")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its processes
     for knob in ("explore", "alpha", "load_weight", "hedge_after", "max_extra", "refresh"):
         setattr(args, knob, None)  # simulate-pool's overrides, none: firstbyte's defaults
     ports = Ports(args.port_base)

@@ -117,8 +117,8 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
         return {"proxy": "litellm", "version": version(), "instances": args.instances,
                 "allowed_fails": args.allowed_fails, **result}
     except SystemExit:
-        for log in sorted(tmp.glob("litellm-*.log")):
-            print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+        for done in sorted(tmp.glob("litellm-*.log")):
+            print(f"--- {done.name}\n{done.read_text(errors='replace')[-3000:]}", file=sys.stderr)
         raise
     finally:
         for proc in reversed(procs):
