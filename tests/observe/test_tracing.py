@@ -40,12 +40,14 @@ class Collector:
 
     def __init__(self) -> None:
         self.spans: list[tuple[dict[str, Any], Span]] = []  # (resource attributes, span)
+        self.posts: list[int] = []  # spans per export, in arrival order
         self.url = ""
         self.runner: web.AppRunner | None = None
 
     async def _traces(self, request: web.Request) -> web.Response:
         assert request.headers["content-type"] == "application/x-protobuf"
         export = ExportTraceServiceRequest.FromString(await request.read())
+        self.posts.append(sum(len(ss.spans) for rs in export.resource_spans for ss in rs.scope_spans))
         for rs in export.resource_spans:
             resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
             for ss in rs.scope_spans:
@@ -252,27 +254,39 @@ async def test_requests_that_share_a_route_and_outcome_each_keep_their_own_ids_a
     assert bad.name == "chat m-down"
 
 
-async def test_a_full_batch_is_posted_at_once_not_at_the_next_tick(collector: Collector, upstreams: Any) -> None:
-    """``export_every: 60``: a batch of 512 spans (256 requests of two spans) still goes at once,
-    so a busy gateway's queue never fills between two ticks."""
+async def _load(url: str, workers: int, each: int) -> None:
+    async with aiohttp.ClientSession() as s:
+        async def calls() -> None:
+            for _ in range(each):
+                async with s.post(url + "/v1/chat/completions", json={
+                        "model": "chat", "messages": [{"role": "user", "content": "hi"}]}) as r:
+                    assert r.status == 200
+                    await r.read()
+
+        await asyncio.gather(*(calls() for _ in range(workers)))
+
+
+@pytest.mark.parametrize(("requests", "posts"), [
+    pytest.param(256, 1, id="one-batch"),
+    pytest.param(640, 2, id="a-steady-stream-makes-full-batches"),
+])
+async def test_full_batches_are_posted_at_once_not_at_the_next_tick(
+        collector: Collector, upstreams: Any, requests: int, posts: int) -> None:
+    """``export_every: 60``: each batch of 512 spans (256 requests of two spans) goes at once, so a
+    busy gateway's queue never fills between two ticks; what comes in while a post is out waits
+    for the next full batch (no post per few requests), and the rest goes at the stop."""
     up: FakeUpstream = await upstreams({"*": ok_handler("hi")})
     raw = route_config([{"provider": "up", "model": "m-up"}], {"up": openai_provider(up.url)})
     raw["tracing"] = {"otlp": collector.url, "export_every": 60}
     hub, runner, url = await traced_gateway(raw)
     try:
-        async with aiohttp.ClientSession() as s:
-            async def calls(n: int) -> None:
-                for _ in range(n):
-                    async with s.post(url + "/v1/chat/completions", json={
-                            "model": "chat", "messages": [{"role": "user", "content": "hi"}]}) as r:
-                        assert r.status == 200
-                        await r.read()
-
-            await asyncio.gather(*(calls(32) for _ in range(8)))
+        await _load(url, 8, requests // 8)
         deadline = time.monotonic() + 20
-        while len(collector.spans) < 512 and time.monotonic() < deadline:
+        while len(collector.posts) < posts and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert len(collector.spans) >= 512, len(collector.spans)
+        await asyncio.sleep(0.5)
+        assert len(collector.posts) == posts and min(collector.posts) >= 512, collector.posts
     finally:
         await runner.cleanup()
         await hub.close()
+    assert sum(collector.posts) == 2 * requests  # the stop sent what was left
