@@ -82,7 +82,7 @@ class SpanWriter:
         usage = b"" if d is None else _usage(d)
         out = [self._request_span(f, ctx, hi, lo, start, end, usage)]
         if d is not None:
-            roles = dict(d.race) if d.race else None
+            roles = dict(reversed(d.race)) if d.race else None  # a target's first role, as the header reads
             for attempt, span_id, began in _paired(d, ctx):
                 t0 = start if began is None else start + int((began - ctx.t0) * _NS)
                 out.append(self._attempt_span(f, d, ctx, hi, lo, attempt, span_id, t0, end, usage, roles))
