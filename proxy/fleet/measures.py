@@ -15,11 +15,12 @@ ever awaits Redis (docs/adr/0016, "One measure per target and mode"):
   a mode is in use (its own call is measuring it) or it holds none, it takes the next unclaimed
   target in written order (``SET NX PX``). A fleet of N instances so holds N different targets'
   claims before the first request, and each instance's first request goes to its own.
-- A claim is given back (deleted only if still ours) once the target is measured in that mode (by
-  anyone), or stops needing it (its breaker opened, a reload dropped it), or went unused for
-  ``UNUSED_SECS`` while the fleet answered in that mode: its holder gets no traffic, so it lets
-  another instance measure it and does not take it again for ``RETRY_SECS``. A held claim is
-  renewed; a holder that died blocks nobody longer than ``TTL``.
+- A claim is no longer renewed once the target is measured in that mode (by anyone) or stops
+  needing it (its breaker opened, a reload dropped it): it expires within ``TTL``, so a peer that
+  has not folded the sample in yet still reads the target as being measured. One that went unused
+  for ``UNUSED_SECS`` while the fleet answered in that mode is given back (deleted only if still
+  ours): its holder gets no traffic, so another instance measures it; the holder does not take it
+  again for ``RETRY_SECS``. A holder that died blocks nobody longer than ``TTL``.
 - Redis down: the link drops, the set is emptied (``dropped``), and each instance measures for
   itself as it does alone.
 """
@@ -77,13 +78,17 @@ class Measures:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(TICK)
-            await self._tick()
+            await self.tick()
 
-    async def _tick(self) -> None:
+    async def tick(self) -> None:
+        """Read the claims of what is unmeasured, tend ours, take one ahead per mode."""
         link, now = self.link, self.link.clock()
         wanted = self._unmeasured(now)
         for claim in [c for c in self.held if c not in wanted]:
-            await self._give_back(claim)
+            # Measured (or no longer measurable): left to expire, not deleted, so a peer whose view
+            # lacks the sample yet still reads it as being measured instead of free to measure again.
+            self.held.pop(claim, None)
+            self.renewed.pop(claim, None)
         if not wanted:
             if link.state.measuring:
                 link.state.set_measuring(frozenset())
