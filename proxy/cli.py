@@ -8,6 +8,7 @@ traceback: :class:`CliError` carries that line to :func:`main`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import logging
 import os
@@ -120,12 +121,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = 1 if args.worker is not None else _workers(args, config)
 
     async def main() -> int:
-        if workers > 1:
-            return await Supervisor(args.config, config, args.listen, workers, args.log_level).serve()
         box = Box.from_env(args.worker) if args.worker is not None else None
         return await Service(args.config, config, args.listen, box).serve()
 
     try:
+        if workers > 1:  # plain asyncio and no threads: its workers are forked (proxy/forked.py)
+            return asyncio.run(Supervisor(args.config, config, args.listen, workers, args.log_level).serve())
         return run(main)
     except OSError as exc:
         raise _cannot_listen("serve", args.listen or config.listen, exc) from None

@@ -233,6 +233,10 @@ class State:
         """The target's newest first-token samples in ``mode``, oldest first (a hedge's pNN)."""
         return self.tracker.recent(key, mode)
 
+    def held(self, key: TargetKey, mode: str = STREAMED) -> int:
+        """Censored bounds held against the target's figure (lost races since its last faster answer)."""
+        return self.tracker.held(key, mode)
+
     def hedge_budget(self, route: str) -> HedgeBudget | None:
         """The route's hedge budget as it stands, None before its first hedged request (a read)."""
         return self.budgets.get(route)
