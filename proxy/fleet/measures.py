@@ -8,9 +8,11 @@ ever awaits Redis (docs/adr/0016, "One measure per target and mode"):
 
 - Every ``TICK`` while a target of a ``fastest`` route is unmeasured in a mode (and usable), this
   task reads who holds each such claim (one ``MGET`` of ``firstbyte:FLEET:measure:MODE:FID``) and
-  swaps the peers' claims into ``State.measuring``. The planner counts a peer's claim as a call
-  measuring the target, as it counts its own: the target goes behind the measured ones and behind
-  unmeasured ones nobody measures. The planner reads a set; it never waits.
+  swaps the peers' claims into ``State.measuring``; every ``QUIET_TICK`` once nothing changed for
+  ``QUIET_SECS`` (an idle fleet, or a mode no client uses: the claims stand as they are). The
+  planner counts a peer's claim as a call measuring the target, as it counts its own: the target
+  goes behind the measured ones and behind unmeasured ones nobody measures. It reads a set; it
+  never waits.
 - Each instance keeps one unused claim per mode ahead of its traffic: when every claim it holds in
   a mode is in use (its own call is measuring it) or it holds none, it takes the next unclaimed
   target in written order (``SET NX PX``). A fleet of N instances so holds N different targets'
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["Measures"]
 
 TICK = 0.05  # how often unmeasured targets' claims are read (only while some target is unmeasured)
+QUIET_TICK = 0.5  # ... once the claims and what is unmeasured stayed the same for QUIET_SECS
+QUIET_SECS = 1.0
 TTL = 3.0  # a claim lives this long unless renewed: a dead holder blocks nobody longer
 RENEW_SECS = 1.0
 UNUSED_SECS = 1.0  # a claim unused this long while the fleet answered in its mode goes back
@@ -61,6 +65,8 @@ class Measures:
         self.retry_at: dict[Claim, float] = {}
         self.routes: list[Route] = []
         self.claims = 0  # won, since start
+        self._seen: object = None  # what the last tick read: unmeasured, holders, in use
+        self._changed_at = 0.0
 
     def configure(self, config: Config) -> None:
         self.routes = [r for r in config.routes.values() if r.strategy == "fastest"]
@@ -77,7 +83,8 @@ class Measures:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(TICK)
+            quiet = self.link.clock() - self._changed_at > QUIET_SECS
+            await asyncio.sleep(QUIET_TICK if quiet else TICK)
             await self.tick()
 
     async def tick(self) -> None:
@@ -105,6 +112,9 @@ class Measures:
             elif holder != link.instance:
                 peers.update((key, claim[1]) for key in keys)
         link.state.set_measuring(frozenset(peers))
+        seen = (holders, {c: self._in_use(keys, c[1]) for c, keys in wanted.items()})
+        if seen != self._seen:  # traffic or a peer moved something: look often again
+            self._seen, self._changed_at = seen, now
         await self._tend(wanted, now)
         await self._claim_ahead(wanted, free, now)
 
