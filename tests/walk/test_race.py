@@ -851,7 +851,9 @@ async def test_a_leader_that_stalls_on_one_call_in_ten_keeps_its_place(upstreams
     stalled = [d for d in decisions if d.served == "b"]
     assert len(stalled) >= 2  # it stalled, and the hedge won those races
     assert all(("a", "lost") in [(n, o.split()[0]) for n, o in d.attempt_outcomes()] for d in stalled)
-    assert [d.order_names[0] for d in decisions] == ["a"] * len(decisions)  # it led every one
+    # it led every one (a look at b, docs/adr/0023, races b beside it: a leads behind the explore)
+    leaders = [d.order_names[1] if d.order[0][1].startswith("explore") else d.order_names[0] for d in decisions]
+    assert leaders == ["a"] * len(decisions)
 
 
 def test_a_demoted_leader_goes_behind_the_winner_as_the_order_ranks_it_not_its_stale_average() -> None:
