@@ -33,6 +33,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from ..config import Config, StateLink, TargetKey
 from ..state import State
 from .fold import Peers, fold
+from .measures import Measures
 from .probes import Probes
 from .wire import decode, dumps, encode, fleet_ids, stream_key
 
@@ -88,6 +89,8 @@ class FleetLink:
         self.keys_of: dict[str, list[TargetKey]] = {}
         self.peers = Peers()
         self.probes = Probes(self)
+        self.measures = Measures(self)
+        state.instance = self.instance  # who saw what last, as the access log names it
         self.connected = False
         self.since = time.time()  # in the fleet or alone since then
         self.reason = NOT_YET
@@ -109,6 +112,7 @@ class FleetLink:
             keys_of.setdefault(fid, []).append(key)
         self.keys_of = keys_of
         self.probes.configure(config)
+        self.measures.configure(config)
 
     # -- the request path's side: one append ------------------------------------------------------
 
@@ -137,7 +141,7 @@ class FleetLink:
         return {"fleet": self.settings.fleet, "instance": self.instance,
                 "state": "in-fleet" if self.connected else "alone",
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
-                **({} if self.connected else {"reason": self.reason}),
+                **({"measuring": self.measures.status()} if self.connected else {"reason": self.reason}),
                 "peers": sorted(i for i, (_, until) in self.peers.loads.items() if until > self.clock())}
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -224,6 +228,7 @@ class FleetLink:
         self.state.listener = None
         self.state.set_gated(False)
         self.probes.dropped()
+        self.measures.dropped()
         self.outbox.clear()
         self.reason = reason
         first = old_reason == NOT_YET
@@ -236,7 +241,8 @@ class FleetLink:
             log.debug("fleet %s: still alone: %s", self.settings.fleet, reason)
 
     async def _serve(self) -> None:
-        tasks = [asyncio.create_task(coro) for coro in (self._publish(), self._read(), self.probes.run())]
+        tasks = [asyncio.create_task(coro) for coro in (self._publish(), self._read(), self.probes.run(),
+                                                              self.measures.run())]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:

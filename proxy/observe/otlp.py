@@ -15,7 +15,7 @@ import functools
 import struct
 from collections.abc import Iterable, Sequence
 
-__all__ = ["CLIENT", "ERROR", "SERVER", "attr", "export_request", "known", "scope", "seconds", "span"]
+__all__ = ["CLIENT", "ERROR", "SERVER", "attr", "export_request", "field", "known", "scope", "seconds", "status"]
 
 SERVER, CLIENT = 2, 3  # Span.SpanKind
 ERROR = 2  # Status.StatusCode
@@ -42,10 +42,6 @@ def _tag(field: int, wire: int) -> bytes:
     return _varint(field << 3 | wire)
 
 
-def _bytes(field: int, data: bytes) -> bytes:
-    return _tag(field, _LEN) + _varint(len(data)) + data
-
-
 _STRING, _BOOL, _INT, _DOUBLE = _tag(1, _LEN), _tag(2, _VARINT), _tag(3, _VARINT), _tag(4, _FIXED64)
 _KEY, _VALUE = _tag(1, _LEN), _tag(2, _LEN)
 
@@ -61,7 +57,7 @@ def _any(value: Value) -> bytes:
         return _INT + _varint(value & 0xFFFFFFFFFFFFFFFF)  # int64, two's complement
     if isinstance(value, float):
         return _DOUBLE + struct.pack("<d", value)
-    return _bytes(5, b"".join(_bytes(1, _any(v)) for v in value))
+    return field(5, b"".join([field(1, _any(v)) for v in value]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -96,40 +92,37 @@ def seconds(key: str, value: float) -> bytes:
 
 
 _PACK_D = struct.Struct("<d").pack
-_PACK_Q = struct.Struct("<Q").pack
-_TRACE, _SPAN, _STATE, _PARENT, _NAME = (_tag(n, _LEN) for n in (1, 2, 3, 4, 5))
-_KIND = {SERVER: _tag(6, _VARINT) + _varint(SERVER), CLIENT: _tag(6, _VARINT) + _varint(CLIENT)}
-_START, _END = _tag(7, _FIXED64), _tag(8, _FIXED64)
+
+
+def field(number: int, data: bytes) -> bytes:
+    """A length-delimited field: a string, bytes or an embedded message."""
+    return _tag(number, _LEN) + _varint(len(data)) + data
 
 
 @functools.lru_cache(maxsize=1024)
-def _status(code: int, message: str) -> bytes:
-    return _bytes(15, _bytes(2, message.encode("utf-8", "replace")) + _tag(3, _VARINT) + _varint(code))
-
-
-def span(trace_id: bytes, span_id: int, parent_id: int | None, name: str, kind: int, start_ns: int, end_ns: int,
-         attributes: bytes, status: tuple[int, str] | None = None, trace_state: str | None = None) -> bytes:
-    """A ``Span`` message; ``trace_id`` is its 16 bytes (one per request, shared by its spans),
-    ``attributes`` the concatenation of :func:`attr` results."""
-    parts = [_TRACE, b"\x10", trace_id, _SPAN, b"\x08", span_id.to_bytes(8, "big")]
-    if trace_state:
-        parts.append(_bytes(3, trace_state.encode()))
-    if parent_id:
-        parts += (_PARENT, b"\x08", parent_id.to_bytes(8, "big"))
-    encoded = name.encode("utf-8", "replace")
-    parts += (_NAME, _varint(len(encoded)), encoded, _KIND[kind], _START, _PACK_Q(start_ns), _END, _PACK_Q(end_ns),
-              attributes)
-    if status is not None:
-        parts.append(_status(*status))
-    return b"".join(parts)
+def status(code: int, message: str) -> bytes:
+    """``Span.status`` (field 15): its message (2) and code (3)."""
+    return field(15, field(2, message.encode("utf-8", "replace")) + _tag(3, _VARINT) + _varint(code))
 
 
 def export_request(resource: bytes, scope: bytes, spans: Iterable[bytes]) -> bytes:
     """An ``ExportTraceServiceRequest`` of one resource and one scope: ``resource`` holds the
-    resource's attributes (field 1 each), ``scope`` is an encoded ``InstrumentationScope``."""
-    scope_spans = _bytes(1, scope) + b"".join(_bytes(2, s) for s in spans)
-    return _bytes(1, _bytes(1, resource) + _bytes(2, scope_spans))
+    resource's attributes (field 1 each), ``scope`` is an encoded ``InstrumentationScope``, each
+    of ``spans`` an encoded ``Span``. Written as one list joined once: a batch is 512 spans."""
+    parts = [_tag(1, _LEN), b"", field(1, resource), _tag(2, _LEN), b"", field(1, scope)]
+    size = len(parts[5])
+    tag, varint = _SPAN_TAG, _varint
+    for s in spans:
+        head = varint(len(s))
+        parts += (tag, head, s)
+        size += 1 + len(head) + len(s)
+    parts[4] = _varint(size)  # ScopeSpans (ResourceSpans field 2)
+    parts[1] = _varint(len(parts[2]) + 1 + len(parts[4]) + size)  # ResourceSpans (request field 1)
+    return b"".join(parts)
+
+
+_SPAN_TAG = _tag(2, _LEN)  # ScopeSpans.spans
 
 
 def scope(name: str, version: str) -> bytes:
-    return _bytes(1, name.encode()) + _bytes(2, version.encode())
+    return field(1, name.encode()) + field(2, version.encode())

@@ -4,7 +4,8 @@ A passthrough stream still has to be counted, so these sit where a translator
 would (``lease.translator``) and return the bytes they are fed, whole events at
 a time. They only look inside an event when its block holds a usage object,
 which in practice is the last event or two of a stream: a regex search over
-each block is the whole cost of the common case.
+each block is the whole cost of the common case. What is not the answer (SSE
+comments' text, ``id:`` and ``retry:`` lines) is taken out (``sse.answer_lines``).
 
 ``OpenAIUsageTap`` also removes the usage-only chunk that firstbyte asked for
 (``stream_options.include_usage``) when the client itself did not ask for it,
@@ -19,7 +20,7 @@ from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import error_of
-from .sse import EventFramer, data_frame, event_around, json_object, openai_error_event, split_events
+from .sse import EventFramer, answer_lines, data_frame, event_around, json_object, openai_error_event, split_events
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 
@@ -60,6 +61,7 @@ class OpenAIUsageTap:
         framer = self._framer
         # The common case: a read that ends on an event boundary, with nothing held back.
         block = data if not framer.holding and data.endswith(b"\n\n") else framer.complete(data)
+        block = answer_lines(block)  # no comment's text, no id: line (they are not the answer)
         if b"[DONE]" in block[-DONE_TAIL:]:
             self.done = True  # (an upstream that ends without it is done at finish() anyway)
         if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
@@ -88,7 +90,7 @@ class OpenAIUsageTap:
     def finish(self) -> bytes:
         """An upstream that ended without ``[DONE]`` is passed on as it is: not ours to judge."""
         self.done = True
-        return self._framer.rest()
+        return answer_lines(self._framer.rest())
 
     def error_event(self, message: str) -> bytes:
         return openai_error_event(message)
@@ -154,7 +156,7 @@ class AnthropicUsageTap:
         self._upstream: dict[str, int] = {}
 
     def feed(self, data: bytes) -> bytes:
-        block = self._framer.complete(data)
+        block = answer_lines(self._framer.complete(data))
         if b'"message_stop"' in block:
             self.done = True
         if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
@@ -170,7 +172,7 @@ class AnthropicUsageTap:
         return block
 
     def finish(self) -> bytes:
-        return self._framer.rest()
+        return answer_lines(self._framer.rest())
 
     def error_event(self, message: str) -> bytes:
         """The relay's closing event for a failed stream, in Anthropic's shape."""
@@ -181,10 +183,15 @@ class AnthropicUsageTap:
         if payload is None:
             return
         if payload.get("type") == "error":
-            error = payload.get("error") or {}
-            raise AnthropicStreamError(error.get("message") or "Anthropic stream error",
-                                       error.get("type") or "api_error")
-        usage = payload.get("usage") or (payload.get("message") or {}).get("usage")
+            error = payload.get("error")
+            error = error if isinstance(error, dict) else {"message": error}
+            message, kind = error.get("message"), error.get("type")
+            raise AnthropicStreamError(message if isinstance(message, str) and message else "Anthropic stream error",
+                                       kind if isinstance(kind, str) and kind else "api_error")
+        usage = payload.get("usage")
+        message = payload.get("message")
+        if not usage and isinstance(message, dict):
+            usage = message.get("usage")
         if isinstance(usage, dict):
             self._upstream.update({k: token_count(v) for k, v in usage.items() if isinstance(v, int | str)})
             self.usage = usage_from_anthropic(self._upstream)

@@ -200,7 +200,25 @@ async def test_sigterm_drains_both_workers(redis_server, upstreams, boxes) -> No
     assert box.log.read_text().count("draining: requests in flight get") == 2
 
 
-async def test_a_killed_worker_is_replaced_within_a_second_and_starts_warm(redis_server, upstreams, boxes) -> None:
+async def answered_by(box: Box, pid: int, within: float) -> dict[str, Any]:
+    """/v1/health from the worker whose pid is ``pid``, on fresh connections until it answers."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            _, health = await fresh(box, "/v1/health")
+            if health["fleet"]["instance"].split("-")[-2] == str(pid):
+                return health  # type: ignore[no-any-return]
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"worker {pid} did not answer within {within}s:\n{box.log.read_text()}")
+
+
+# A replaced worker is forked from the supervisor, which imported the server already: on this
+# project's shared 2-core machine at a load average of 13 it answered 0.4-0.9 s after the SIGKILL
+# (scripts/replace_drill.py; a new interpreter took 15-28 s there). 3 s leaves a busy CI box room.
+REPLACED_WITHIN = 3.0
+
+
+async def test_a_killed_worker_is_replaced_and_answers_within_a_bound_warm(redis_server, upstreams, boxes) -> None:
     _, ok = answering(0.005)
     box = await boxes(box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}))
     statuses: list[int | str] = []
@@ -221,20 +239,20 @@ async def test_a_killed_worker_is_replaced_within_a_second_and_starts_warm(redis
     while len(worker_pids(box)[0]) < 2:
         assert time.monotonic() - killed < 1.0, "no new worker within a second"
         await asyncio.sleep(0.01)
+    await answered_by(box, worker_pids(box)[0][1], REPLACED_WITHIN - (time.monotonic() - killed))
     await load
     cut = [s for s in statuses if s != 200]
     assert len(cut) <= 4 and statuses.count(200) >= 156  # only the clients on the killed worker saw an end
     assert f"worker 0 (pid {victim}) killed by SIGKILL" in box.log.read_text()
-    deadline = time.monotonic() + 40
-    while box.log.read_text().count("listening on http") < 3:  # the new worker listens
-        assert time.monotonic() < deadline, box.log.read_text()
-        await asyncio.sleep(0.05)
-    for _ in range(40):  # the new worker's first look: the samples the fleet already had
-        _, health = await fresh(box, "/v1/health")
-        if health["fleet"]["instance"].split("-")[1] == str(worker_pids(box)[0][1]):
-            assert target(health, "up")["buffered"]["samples"] > 0
-            return
-    raise AssertionError("the new worker never answered")
+    await asyncio.sleep(0.5)  # the last samples have travelled
+    new = await answered_by(box, worker_pids(box)[0][1], 10)
+    older = await answered_by(box, worker_pids(box)[1][0], 10)
+    assert target(new, "up")["buffered"]["samples"] > 0  # warm: the fleet's samples, not its own few
+    assert target(new, "up")["buffered"]["samples"] == target(older, "up")["buffered"]["samples"]
+    # The same samples; the figure weighs them in the order each process took them (its own at
+    # once, a peer's a round trip later), so two workers' figures differ by a few per cent at most.
+    figure, fleets = target(new, "up")["buffered"]["figure_s"], target(older, "up")["buffered"]["figure_s"]
+    assert abs(figure - fleets) <= 0.1 * fleets
 
 
 async def test_systemd_hears_the_box_from_the_supervisor(redis_server, upstreams, tmp_path: Path) -> None:
