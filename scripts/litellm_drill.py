@@ -128,8 +128,10 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
         return {"proxy": "litellm", "version": version(), "instances": args.instances,
                 "allowed_fails": args.allowed_fails, **result}
     except SystemExit:
+        keep = Path(tempfile.mkdtemp(prefix="litellm-drill-logs-"))
         for done in sorted(tmp.glob("litellm-*.log")):
-            print(f"--- {done.name}\n{done.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+            shutil.copy(done, keep)
+        print(f"the proxies' logs: {keep}", file=sys.stderr)
         raise
     finally:
         for proc in reversed(procs):
