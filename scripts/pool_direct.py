@@ -166,7 +166,10 @@ def run_once(args: argparse.Namespace, tmp: Path, name: str, strategies: list[st
             path = tmp / f"pool-{s}.json"
             path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"},
                                         "providers": providers, "routes": {"pool": configs[s]}}))
-            commands[f"firstbyte-{s}"] = ([str(bench.BIN / "firstbyte"), "serve", "--config", str(path)], port)
+            serve = [str(bench.BIN / "firstbyte"), "serve", "--config", str(path)]
+            if args.proxy_dir:  # a variant of proxy/ (-P: this checkout's is not put before it)
+                serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", *serve[1:]]
+            commands[f"firstbyte-{s}"] = (serve, port)
         started = [(procs.spawn(n, argv), port) for n, (argv, port) in commands.items()]
         for proc, port in started:  # start-ups overlap; on a busy machine six of them take a while
             bench.wait_port(port, proc, timeout=90)
@@ -257,6 +260,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=None, help="load per run (default: the scenario's, 3 s)")
     p.add_argument("--concurrency", type=int, default=None, help="workers per client (default: the scenario's, 4)")
     p.add_argument("--port-base", type=int, default=None, help="consecutive loopback ports from here (default: free)")
+    p.add_argument("--proxy-dir", default=None, help="a directory holding a variant of proxy/ to serve every firstbyte")
     p.add_argument("--tag", default="direct")
     return p.parse_args(argv)
 

@@ -40,6 +40,9 @@ its first first chunk went out). ``today-ewma`` and ``today-hedge`` with ``--tod
 ``fastest-ewma`` and ``fastest-hedge`` from an earlier copy of ``proxy/`` (a change and its base in
 one run); ``--proxy-dir DIR`` serves every run but the oracle from a variant.
 
+``--direct`` (scripts/pool_direct.py) measures against a client that calls the fastest upstream itself,
+in the same run as every strategy (issue 28's abrupt pools).
+
     scripts/simulate-pool [--quick] [--race-only] [--scenarios ...] [--strategies ...] [--seconds S]
                           [--concurrency N] [--explore 0.03] [--hedge-after p90] [--refresh 0.3] [--tag T]
 """
