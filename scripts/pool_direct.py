@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import bench
 import orjson
-from pool_measure import sim_offsets
+from pool_measure import sim_command, sim_offsets
 from pool_schedule import ABRUPT_SCENARIOS, NAMES, OUT, ROOT, SCENARIOS, extra_calls, oracle
 
 from proxy.config import read_yaml
@@ -81,14 +81,6 @@ def free_ports(base: int, count: int) -> list[int]:
             if len(found) == count:
                 return found
     raise RuntimeError(f"fewer than {count} free ports from {base}")
-
-
-def sim_command(name: str, spec: dict[str, Any], port: int, schedule: Path, seed: int) -> list[str]:
-    return [str(bench.BIN / "firstbyte"), "simulate", "--port", str(port),
-            "--first-chunk-ms", str(spec["first_chunk_ms"]), "--jitter-ms", str(spec.get("jitter_ms", 0)),
-            "--chunk-ms", "1", "--chunks", "2", "--fail-rate", str(spec.get("fail_rate", 0.0)),
-            "--stall-rate", str(spec.get("stall_rate", 0.0)), "--stall-ms", str(spec.get("stall_ms", 0.0)),
-            "--load-ms", str(spec.get("load_ms", 0.0)), "--seed", str(seed), "--schedule", str(schedule)]
 
 
 async def client(strategy: str, urls: dict[str, str], concurrency: int, until: float,
@@ -160,7 +152,7 @@ def run_once(args: argparse.Namespace, tmp: Path, name: str, strategies: list[st
         for i, n in enumerate(NAMES):
             schedule = tmp / f"{name}-{n}.json"
             schedule.write_text(json.dumps([{**s, "at": s["at"] * span} for s in scenario[n].get("steps", [])]))
-            commands[f"sim-{n}"] = (sim_command(n, scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
+            commands[f"sim-{n}"] = (sim_command(scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
         providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sim_ports.items()}
         for s, port in fb_ports.items():
             path = tmp / f"pool-{s}.json"

@@ -26,7 +26,6 @@ from pool_schedule import (
 
 def chart(name: str, scenario: dict[str, Any], runs: dict[str, dict[str, Any]], span: float, tag: str = "") -> Path:
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

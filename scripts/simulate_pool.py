@@ -63,7 +63,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 import pool_direct
-from pool_measure import follow, load, pooled, sim_offsets, sim_stats, summarise
+from pool_measure import follow, load, pooled, sim_command, sim_offsets, sim_stats, summarise
 from pool_report import chart, print_results, summarise_runs
 from pool_schedule import (
     DEFAULT_SECONDS,
@@ -161,14 +161,7 @@ def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: 
             steps = [{**s, "at": s["at"] * span} for s in spec.get("steps", [])]
             schedule = tmp / f"{scenario_name}-{name}.json"
             schedule.write_text(json.dumps(steps))
-            commands[f"sim-{name}"] = ([str(bench.BIN / "firstbyte"), "simulate", "--port", str(ports[name]),
-                                        "--first-chunk-ms", str(spec["first_chunk_ms"]),
-                                        "--jitter-ms", str(spec.get("jitter_ms", 0)), "--chunk-ms", "1",
-                                        "--chunks", "2", "--fail-rate", str(spec.get("fail_rate", 0.0)),
-                                        "--stall-rate", str(spec.get("stall_rate", 0.0)),
-                                        "--stall-ms", str(spec.get("stall_ms", 0.0)),
-                                        "--load-ms", str(spec.get("load_ms", 0.0)),
-                                        "--seed", str(i + 1), "--schedule", str(schedule)], ports[name])
+            commands[f"sim-{name}"] = (sim_command(spec, ports[name], schedule, i + 1), ports[name])
         pin = strategy == ORACLE
         config = {"listen": f"127.0.0.1:{fb_port}", "access_log": {"path": "/dev/null"},
                   "providers": {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"}
