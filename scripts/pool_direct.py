@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import bench
 import orjson
-from pool_measure import sim_command, sim_offsets
+from pool_measure import restart, sim_command, sim_offsets, start_all
 from pool_schedule import ABRUPT_SCENARIOS, NAMES, OUT, ROOT, SCENARIOS, extra_calls, oracle
 
 from proxy.config import read_yaml
@@ -120,13 +120,6 @@ async def client(strategy: str, urls: dict[str, str], concurrency: int, until: f
     return calls
 
 
-async def restart(ports: dict[str, int]) -> None:
-    async with aiohttp.ClientSession() as session:
-        for port in ports.values():
-            async with session.post(f"http://127.0.0.1:{port}/sim/restart") as resp:
-                resp.raise_for_status()
-
-
 async def side_by_side(strategies: list[str], urls: dict[str, dict[str, str]], concurrency: int, until: float,
                        starts: dict[str, float], scenario: dict[str, Any], span: float) -> dict[str, Any]:
     lists = await asyncio.gather(*(client(s, urls[s], concurrency, until, starts, scenario, span)
@@ -162,9 +155,7 @@ def run_once(args: argparse.Namespace, tmp: Path, name: str, strategies: list[st
             if args.proxy_dir:  # a variant of proxy/ (-P: this checkout's is not put before it)
                 serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", *serve[1:]]
             commands[f"firstbyte-{s}"] = (serve, port)
-        started = [(procs.spawn(n, argv), port) for n, (argv, port) in commands.items()]
-        for proc, port in started:  # start-ups overlap; on a busy machine six of them take a while
-            bench.wait_port(port, proc, timeout=90)
+        start_all(procs, commands)
         asyncio.run(restart(sim_ports))  # the schedules start now, not when each process came up
         starts = asyncio.run(sim_offsets(sim_ports))
         until = min(starts.values()) + span

@@ -26,6 +26,22 @@ def sim_command(spec: dict[str, Any], port: int, schedule: Path, seed: int) -> l
             "--load-ms", str(spec.get("load_ms", 0.0)), "--seed", str(seed), "--schedule", str(schedule)]
 
 
+def start_all(procs: bench.Procs, commands: dict[str, tuple[list[str], int]], timeout: float = 90.0) -> None:
+    """Every process at once, then each port: start-ups overlap; on a busy machine six take a while."""
+    started = [(procs.spawn(name, argv), port) for name, (argv, port) in commands.items()]
+    for proc, port in started:
+        bench.wait_port(port, proc, timeout=timeout)
+
+
+async def restart(ports: dict[str, int]) -> None:
+    """Each simulator's schedule and counts start again now (``POST /sim/restart``): load begins at
+    the schedule's start however long the processes took to come up."""
+    async with aiohttp.ClientSession() as session:
+        for port in ports.values():
+            async with session.post(f"http://127.0.0.1:{port}/sim/restart") as resp:
+                resp.raise_for_status()
+
+
 async def sim_offsets(ports: dict[str, int]) -> dict[str, float]:
     """Each simulator's schedule start on this process's monotonic clock."""
     starts = {}

@@ -161,7 +161,7 @@ def print_goals(results: dict[str, Any]) -> None:
         for strategy, s in res["runs"].items():
             if not strategy.startswith("fastest"):
                 continue
-            hedged = "hedge" in STRATEGIES[strategy]
+            hedged = STRATEGIES[strategy].get("hedge", False) is not False
             goal = RACE_GOAL if hedged else GOAL
             missed = []
             if s["vs_oracle"] > goal:

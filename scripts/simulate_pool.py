@@ -63,7 +63,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 import pool_direct
-from pool_measure import follow, load, pooled, sim_command, sim_offsets, sim_stats, summarise
+from pool_measure import follow, load, pooled, restart, sim_command, sim_offsets, sim_stats, start_all, summarise
 from pool_report import chart, print_results, summarise_runs
 from pool_schedule import (
     DEFAULT_SECONDS,
@@ -128,7 +128,7 @@ def route_of(args: argparse.Namespace, strategy: str) -> dict[str, Any]:
             route["fastest"]["alpha"] = args.alpha
         if args.load_weight is not None and route["fastest"].get("load_aware"):
             route["fastest"]["load_weight"] = args.load_weight
-    if "hedge" in route:
+    if route.get("hedge") is not None and route["hedge"] is not False:
         route["hedge"] = {**route["hedge"], **hedge_of(args)}
     return route
 
@@ -180,7 +180,8 @@ def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: 
                      "--config", str(path)]
         # -P: the working directory (this checkout) is not put before PYTHONPATH's copy of proxy/.
         commands["firstbyte"] = (serve, fb_port)
-        procs.start_many(commands)
+        start_all(procs, commands)
+        asyncio.run(restart(ports))
         starts = asyncio.run(sim_offsets(ports))
         until = min(starts.values()) + span
         url = f"http://127.0.0.1:{fb_port}/v1/chat/completions"
