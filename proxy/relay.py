@@ -16,6 +16,7 @@ back to the pool.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -24,8 +25,11 @@ from aiohttp import web
 
 from .errors import StreamError
 from .scrub import Scrubber
+from .translate.sse import SHAPE_ERRORS, WRONG_TYPES
 from .upstream.transport import UPSTREAM_ERRORS, break_of
 from .walk.lease import DRAINING, Lease
+
+log = logging.getLogger(__name__)
 
 
 class _CommitResponse(web.StreamResponse):
@@ -65,13 +69,11 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
     try:
         await response.prepare(request)
         lease.client = request.transport
-        data, read = lease.first, lease.upstream.chunk
+        # The opening comes translated (the walker did it before the commit), with its failure if any.
+        data, read, broken = lease.first, lease.upstream.chunk, lease.broken
         while True:
-            try:
-                data = translator.finish() if ended else translator.feed(data)
-            except Exception as exc:  # a translator's verdict on a broken stream
-                failure = f"{type(exc).__name__}: {exc}"
-                last = exc.partial if isinstance(exc, StreamError) else b""
+            if broken is not None:  # a translator's verdict on a broken stream
+                failure, last = _broken(broken, lease), data
                 break
             if translator.done:
                 last = data  # the end marker: the answer is whole
@@ -89,6 +91,10 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
                 failure = lease.expired or break_of(exc)
                 break
             ended = not data
+            try:
+                data = translator.finish() if ended else translator.feed(data)
+            except Exception as exc:
+                broken, data = exc, exc.partial if isinstance(exc, StreamError) else b""
         if failure is None and not translator.done:
             failure = "the upstream stream ended before its end marker"
         if failure is not None:
@@ -130,6 +136,17 @@ async def _fail(response: web.StreamResponse, lease: Lease, failure: str, tail: 
     await response.write(event)
     meter.sent += len(event)
     return failure
+
+
+def _broken(exc: Exception, lease: Lease) -> str:
+    """What a translator's failure says to a person: a StreamError's own words (the upstream's
+    error, or what was wrong with its stream); anything else is a fault of ours, logged with its
+    traceback (a wrongly typed event a translator did not foresee, or a bug), and the client is
+    told what was wrong with the stream, never Python's text."""
+    if isinstance(exc, StreamError):
+        return exc.message
+    log.warning("%s: translating the upstream's stream failed", lease.target.name, exc_info=exc)
+    return WRONG_TYPES if isinstance(exc, SHAPE_ERRORS) else "firstbyte could not read the upstream's stream"
 
 
 def _left(request: web.Request, lease: Lease) -> str:

@@ -8,6 +8,7 @@ import asyncio
 import io
 import socket
 
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -134,6 +135,81 @@ async def test_a_key_in_an_error_event_after_commit_reaches_neither_client_nor_l
     assert KEY not in body.decode() and "[redacted]" in body.decode()
     logged = lines.getvalue()
     assert "[redacted]" in logged and KEY not in logged
+
+
+MESSAGES = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+_TEXT = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+         b'"delta":{"type":"text_delta","text":"partial"}}\n\n')
+_START = b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{}}}\n\n'
+# Python's words for the faults below: a client must never read them
+_PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
+
+
+@pytest.mark.parametrize(("kind", "path", "opening", "wrong", "said"), [
+    pytest.param("openai", "/v1/messages", chunk_event("partial"),
+                 b'data: {"choices":[{"delta":{"tool_calls":5}}]}\n\n', "wrong types", id="openai-to-messages"),
+    pytest.param("anthropic", "/v1/chat/completions", _START + _TEXT,
+                 b'event: content_block_delta\ndata: {"type":"content_block_delta","index":[1],"delta":{}}\n\n',
+                 "wrong types", id="anthropic-to-chat"),
+    pytest.param("anthropic", "/v1/messages", _START + _TEXT,
+                 b'event: error\ndata: {"type":"error","error":"boom"}\n\n', "boom", id="anthropic-passthrough"),
+])
+async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_person_can_act_on(
+        upstreams, proxy, kind, path, opening, wrong, said):
+    """A reviewer's streams: content first (committed), then an event whose fields have the wrong
+    types. The client's stream ends with an error event in its own protocol saying what was wrong,
+    never Python's error text (it used to quote ``TypeError: 'int' object is not iterable``)."""
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(opening)
+        await asyncio.sleep(0.05)  # a read of its own: after the commit
+        await response.write(wrong)
+        await response.write_eof()
+        return response
+
+    up = await upstreams({"*": stream})
+    provider = {"kind": kind, "base_url": up.url + "/v1"}
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": provider}))
+    status, _, body = await p.post(path, {**(MESSAGES if path == "/v1/messages" else CHAT), "stream": True})
+    assert status == 200 and b"partial" in body, body
+    last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+    if path == "/v1/messages":
+        assert last.startswith(b"event: error\n"), body
+        error = orjson.loads(last.split(b"data: ", 1)[1])["error"]
+    else:
+        error = orjson.loads(last.removeprefix(b"data: "))["error"]
+        assert error["code"] == "stream_interrupted"
+    assert said in error["message"], error
+    assert not any(word in error["message"] for word in _PYTHON), error
+    assert p.gateway.state.success_share(("up", "m")) == 0.5  # committed, then a failure
+
+
+async def test_the_openai_sdk_reads_a_wrongly_typed_event_after_commit_as_an_api_error(upstreams, proxy):
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_START + _TEXT)
+        await asyncio.sleep(0.05)
+        await response.write(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                             b'"delta":"x"}\n\n')
+        await response.write_eof()
+        return response
+
+    up = await upstreams({"/v1/messages": stream})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}],
+                                 {"up": {"kind": "anthropic", "base_url": up.url + "/v1"}}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    words = []
+    try:
+        with pytest.raises(openai.APIError) as caught:
+            async for chunk in await client.chat.completions.create(**CHAT, stream=True):
+                words.append(chunk.choices[0].delta.content)
+    finally:
+        await client.close()
+    assert words == ["", "partial"]
+    assert "up: the upstream stream failed after it started (an upstream event's fields have the wrong types" \
+        in caught.value.message, caught.value.message
 
 
 # A client that stops reading: it asks for a stream, then takes no byte (a small receive buffer, never

@@ -250,3 +250,80 @@ async def test_the_openai_sdk_sees_only_listed_headers_on_an_answer(upstreams, p
     assert headers["x-ratelimit-remaining-tokens"] == "5 Bearer [redacted]"  # listed, and scrubbed
     assert "x-debug-auth" not in headers and headers.get("server") != "up/1.0"
     assert not any(_leaks(v) for v in headers.values())
+
+
+def _asides(s: str) -> bytes:
+    """What an SSE stream may carry besides its answer, each quoting the key: a comment, an ``id:``
+    and a ``retry:`` line."""
+    return f": debug {s}\n\nid: {s}\nretry: 1000\n".encode()
+
+
+def _with_asides(events: list[bytes]) -> Says:
+    """``events`` with the asides before every one: in the held opening and after the commit."""
+    return lambda s: b"".join(_asides(s) + event for event in events)
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    return sse(orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}))
+
+
+_ASIDE_CASES = [
+    pytest.param("/v1/chat/completions", CHAT, "openai", {}, "/v1/chat/completions",
+                 [_chunk({"role": "assistant"}), _chunk({"content": "hi"}), _chunk({"content": " there"}),
+                  _chunk({}, "stop"), b"data: [DONE]\n\n"], id="chat-passthrough"),
+    pytest.param("/v1/completions", COMPLETIONS, "openai", {}, "/v1/completions",
+                 [sse(b'{"choices":[{"index":0,"text":"hi"}]}'), sse(b'{"choices":[{"index":0,"text":" there"}]}'),
+                  b"data: [DONE]\n\n"], id="completions-passthrough"),
+    pytest.param("/v1/messages", MESSAGES, "anthropic", {}, "/v1/messages",
+                 [anthropic_event("message_start", {"message": {**message_body(), "content": []}}),
+                  anthropic_event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+                  anthropic_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "hi"}}),
+                  anthropic_event("content_block_delta",
+                                  {"index": 0, "delta": {"type": "text_delta", "text": " there"}}),
+                  anthropic_event("message_stop", {})], id="messages-passthrough"),
+    pytest.param("/v1/responses", RESPONSES, "openai", {"responses": True}, "/v1/responses",
+                 [CREATED, responses_event("response.output_text.delta", delta="hi"),
+                  responses_event("response.output_text.delta", delta=" there"),
+                  responses_event("response.completed", response={"id": "r", "status": "completed"})],
+                 id="responses-passthrough"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "kind", "extra", "upstream_path", "events"), _ASIDE_CASES)
+async def test_a_key_in_sse_comments_or_id_lines_of_a_passthrough_stream_reaches_no_client(
+        upstreams, proxy, path, body, kind, extra, upstream_path, events):
+    """A reviewer's stream: the key in SSE comments, ``id:`` and ``retry:`` lines, both in the
+    opening held back until the first token and after the commit. A passthrough stream is relayed as
+    it is, and these lines went with it; now only ``data`` and ``event`` lines do, and a comment
+    keeps its place as a bare ``:`` (a keep-alive is still one)."""
+    handler = answer(_with_asides(events), stream=True)
+    up, p, access, lines = await _gateway(upstreams, proxy, kind, extra, upstream_path, handler)
+    status, _, answer_body = await _ask(p.url + path, {**body, "stream": True})
+    await access.close()
+    text = answer_body.decode()
+    assert status == 200 and "hi" in text and " there" in text, text
+    assert not _leaks(text), text
+    assert "\nid:" not in text and "retry:" not in text and ":\n\n" in text, text
+
+
+async def test_an_sse_client_sees_no_key_as_the_last_event_id(upstreams, proxy):
+    """aiohttp-sse-client keeps the last ``id:`` and would send it back as ``Last-Event-ID`` on a
+    reconnect: a key there goes places. None reaches it."""
+    from aiohttp_sse_client.client import EventSource
+
+    handler = answer(_with_asides([_chunk({"role": "assistant"}), _chunk({"content": "hi"}), _chunk({}, "stop"),
+                                   b"data: [DONE]\n\n"]), stream=True)
+    up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
+    seen = []
+    async with aiohttp.ClientSession() as session, EventSource(
+            p.url + "/v1/chat/completions", option={"method": "POST"}, session=session, max_connect_retry=0,
+            data=orjson.dumps({**CHAT, "stream": True})) as source:
+        async for event in source:
+            seen.append(event)
+            if event.data == "[DONE]":
+                break
+    await access.close()
+    assert [orjson.loads(e.data)["choices"][0]["delta"] for e in seen[:-1]] == [{"role": "assistant"},
+                                                                                  {"content": "hi"}, {}]
+    assert all(e.last_event_id == "" for e in seen), [e.last_event_id for e in seen]

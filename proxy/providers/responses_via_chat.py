@@ -24,7 +24,7 @@ from ..translate.chat_to_anthropic import TranslationError
 from ..translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
 from ..translate.first_token import FirstToken, ResponsesFirstToken
 from ..translate.responses_to_chat import responses_to_chat
-from ..translate.sse import EventFramer, event_frame, json_object, split_events
+from ..translate.sse import EventFramer, answer_lines, event_frame, json_object, split_events
 from ..translate.usage import usage_from_responses
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 from .openai import OpenAIAdapter
@@ -46,7 +46,7 @@ class ResponsesUsageTap:
         self._last = b""
 
     def feed(self, data: bytes) -> bytes:
-        block = self._framer.complete(data)
+        block = answer_lines(self._framer.complete(data))
         if block:
             self._last = block
         if any(marker in block for marker in _TERMINAL):
@@ -59,7 +59,7 @@ class ResponsesUsageTap:
         return block
 
     def finish(self) -> bytes:
-        return self._framer.rest()
+        return answer_lines(self._framer.rest())
 
     def error_event(self, message: str) -> bytes:
         """An ``error`` event numbered after the last one relayed."""
@@ -73,7 +73,8 @@ class ResponsesUsageTap:
             if b'"usage"' not in event:
                 continue
             payload = json_object(event)
-            usage = ((payload.get("response") or {}) if payload is not None else {}).get("usage")
+            response = payload.get("response") if payload is not None else None
+            usage = response.get("usage") if isinstance(response, dict) else None
             if isinstance(usage, dict):
                 self.usage = usage_from_responses(usage)
 

@@ -7,6 +7,7 @@ cannot drift from what traffic sees.
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from aiohttp import web
@@ -109,7 +110,25 @@ def health_rows(gw: Gateway) -> list[dict[str, Any]]:
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
             **_fleet_in_flight(gw, target.key),
+            "last": last_changes(figures, gw.clock()),
         })
+    return out
+
+
+def last_changes(figures: TargetFigures, now: float) -> dict[str, Any]:
+    """Which instance's event last changed the target's figure and its breaker, what it was and
+    when (wall clock, UTC): ``by`` names the instance as its access log does (None outside a fleet,
+    where there is only this one)."""
+    wall = time.time()
+    out: dict[str, Any] = {}
+    for part, seen in (("figure", figures.figure_by), ("breaker", figures.breaker_by)):
+        if seen is None:
+            out[part] = None
+            continue
+        by, what, at = seen
+        stamp = wall - max(0.0, now - at)
+        out[part] = {"by": by or None, "what": what,
+                     "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"}
     return out
 
 
@@ -130,7 +149,15 @@ def _unknown_route(name: str, routes: Any) -> web.Response:
 
 
 async def explain(request: web.Request) -> web.Response:
-    """The order a request would get now, without exploring: the very same plan()."""
+    """The order a request would get now, without exploring: the very same plan(). Its answer, like
+    every routed one, carries an ``x-request-id``: the plan's decision id, in the access log too."""
+    rid = request_id(request)
+    response = _explained(request, rid)
+    response.headers["x-request-id"] = rid
+    return response
+
+
+def _explained(request: web.Request, rid: str) -> web.Response:
     gw = request.app[GATEWAY]
     name = request.match_info["route"]
     config = gw.config
@@ -146,7 +173,7 @@ async def explain(request: web.Request) -> web.Response:
         body = error_body(f"mode must be one of {', '.join(MODES)}, not '{mode}'.", "invalid_request_error",
                           code="invalid_mode", param="mode")
         return error_response(400, body)
-    planned = plan(config, Ask("explain", name, op=op, mode=mode), gw.state, now, rng, explore=False)
+    planned = plan(config, Ask(rid, name, op=op, mode=mode), gw.state, now, rng, explore=False)
     d = planned.decision
     signals, basis = _signals(gw, route, planned.targets, now, op, mode)
     taken = {f.target.name: f for f in gw.state.snapshot(config, now) if f.route == name}
@@ -164,6 +191,7 @@ async def explain(request: web.Request) -> web.Response:
             "load_fit_s": round(load_fit(route.fastest, gw.state, target.key, mode), 4),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
+            "last": last_changes(taken[target.name], now),
             **signals.get(target.name, {}),
         })
     return json_response({
@@ -173,7 +201,8 @@ async def explain(request: web.Request) -> web.Response:
         **({"cost_basis": basis} if basis else {}),
         **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
         "order": order,
-        "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
+        "excluded": [{"target": e.name, "reason": e.reason,
+                      **({"last": last_changes(taken[e.name], now)} if e.name in taken else {})} for e in d.excluded],
         "decision": d.header(),
     })
 

@@ -14,6 +14,7 @@ A gate decodes a stream's opening events to find the first token; it hands them 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -22,14 +23,22 @@ from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamError, StreamTooLarge
 from ..memory import trim
 
-__all__ = ["DONE", "ChatChunkFeed", "EventFramer", "JsonEventFeed", "Opening", "SseDecoder", "data_frame",
-           "data_of", "event_around", "event_end", "event_frame", "fields", "json_object", "last_event_end",
-           "openai_error_event", "opening_events", "split_events"]
+__all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
+           "JsonEventFeed", "Opening", "SseDecoder", "answer_lines", "data_frame", "data_of", "event_around",
+           "event_end", "event_frame", "fields", "json_object", "last_event_end", "openai_error_event",
+           "opening_events", "split_events"]
 
 Json = dict[str, Any]
 Event = tuple[str | None, Any]  # (the event's name, its decoded data)
 
 DONE = b"data: [DONE]\n\n"
+
+# What a translator raises when an event has the right envelope but fields of the wrong types
+# (``"tool_calls": 5``, ``"index": [1]``, ``"delta": "x"``): the upstream's fault, told as
+# ``WRONG_TYPES`` (a person can act on it; Python's own words are no use to a client).
+SHAPE_ERRORS = (TypeError, KeyError, ValueError, AttributeError, IndexError)
+INVALID_STREAM = "invalid_stream"  # the type of a StreamError for an event that is not the API's
+WRONG_TYPES = "an upstream event's fields have the wrong types for its API"
 
 
 def data_frame(payload: Json) -> bytes:
@@ -130,6 +139,39 @@ def json_object(event: bytes) -> Json | None:
     except orjson.JSONDecodeError:
         return None
     return payload if isinstance(payload, dict) else None
+
+
+# --- what a passthrough stream may carry -----------------------------------------------------
+
+# A line of a block that is neither a ``data`` nor an ``event`` line, nor blank (searched from
+# each newline: the block's first line is looked at apart).
+_ASIDE = re.compile(rb"\n(?!data[:\r\n]|event:|\r?\n|\Z)")
+KEEP_ALIVE = b":\n\n"
+
+
+def _answer_line(line: bytes) -> bool:
+    """A ``data`` or ``event`` line, or a blank one (``\r`` left by a CRLF line end)."""
+    return line.startswith((b"data:", b"event:")) or line.rstrip(b"\r") in (b"", b"data")
+
+
+def answer_lines(block: bytes) -> bytes:
+    """``block`` with only what a client reads as the answer: ``data`` and ``event`` lines.
+
+    A passthrough stream is otherwise relayed as it is, and an upstream's SSE comments
+    (``: ...``), ``id:`` and ``retry:`` lines are not its answer: they may carry anything, the
+    key it was sent included, and no client of an LLM API needs them. A comment's text is cut (an
+    event that was only comments becomes a bare ``:``, so a keep-alive still keeps the
+    connection alive); any other line is dropped. Costs a search per block when there is none."""
+    if not block or (block.startswith((b"data:", b"event:")) and _ASIDE.search(block) is None):
+        return block
+    out = []
+    for event in split_events(block):
+        lines = [line for line in event.split(b"\n") if _answer_line(line)]
+        if any(line.startswith((b"data", b"event:")) for line in lines):
+            out.append(b"\n".join(lines))  # its blank lines kept: it ends as it ended
+        elif event.lstrip().startswith(b":"):
+            out.append(KEEP_ALIVE)
+    return b"".join(out)
 
 
 # --- streams of events ------------------------------------------------------------------------
@@ -271,21 +313,24 @@ class JsonEventFeed:
         opening, data = opening_events(data)
         out = bytearray()
         try:
-            for name, event in opening:
-                if self.done:
-                    break
-                out += self._on_event(name, event)
-            for name, raw in self._decoder.feed(data):
-                if self.done:
-                    break
-                if self.ends_on_done and raw.strip() == b"[DONE]":
-                    out += self._on_done()
-                    continue
-                try:
-                    event = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise self.stream_error(f"{self.malformed}: {raw[:200]!r}", "invalid_stream") from exc
-                out += self._on_event(name, event)
+            try:
+                for name, event in opening:
+                    if self.done:
+                        break
+                    out += self._on_event(name, event)
+                for name, raw in self._decoder.feed(data):
+                    if self.done:
+                        break
+                    if self.ends_on_done and raw.strip() == b"[DONE]":
+                        out += self._on_done()
+                        continue
+                    try:
+                        event = orjson.loads(raw)
+                    except orjson.JSONDecodeError as exc:
+                        raise self.stream_error(f"{self.malformed}: {raw[:200]!r}", INVALID_STREAM) from exc
+                    out += self._on_event(name, event)
+            except SHAPE_ERRORS as exc:
+                raise self.stream_error(WRONG_TYPES, INVALID_STREAM) from exc
         except self.stream_error as exc:
             exc.partial = bytes(out)
             raise

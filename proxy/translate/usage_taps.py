@@ -4,7 +4,8 @@ A passthrough stream still has to be counted, so these sit where a translator
 would (``lease.translator``) and return the bytes they are fed, whole events at
 a time. They only look inside an event when its block holds a usage object,
 which in practice is the last event or two of a stream: a regex search over
-each block is the whole cost of the common case.
+each block is the whole cost of the common case. What is not the answer (SSE
+comments' text, ``id:`` and ``retry:`` lines) is taken out (``sse.answer_lines``).
 
 ``OpenAIUsageTap`` also removes the usage-only chunk that firstbyte asked for
 (``stream_options.include_usage``) when the client itself did not ask for it,
@@ -19,7 +20,7 @@ from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
 from .first_token import error_of
-from .sse import EventFramer, data_frame, event_around, json_object, openai_error_event, split_events
+from .sse import EventFramer, answer_lines, data_frame, event_around, json_object, openai_error_event, split_events
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 
@@ -44,6 +45,8 @@ def _usage_objects(block: bytes) -> list[int]:
     return found
 
 
+# A finish_reason that ends a choice; OpenRouter's "error" ends it in failure (as first_token.py reads it).
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"(?!error")')
 DONE_TAIL = 32  # the [DONE] event is the block's last event when it is there: look at the tail only
 
 
@@ -54,14 +57,18 @@ class OpenAIUsageTap:
         self.keep = keep_usage_chunk
         self.usage: dict[str, int] | None = None
         self.done = False
+        self._finished = False  # a choice has said its finish_reason: the answer is whole without [DONE]
         self._framer = EventFramer()
 
     def feed(self, data: bytes) -> bytes:
         framer = self._framer
         # The common case: a read that ends on an event boundary, with nothing held back.
         block = data if not framer.holding and data.endswith(b"\n\n") else framer.complete(data)
+        block = answer_lines(block)  # no comment's text, no id: line (they are not the answer)
         if b"[DONE]" in block[-DONE_TAIL:]:
-            self.done = True  # (an upstream that ends without it is done at finish() anyway)
+            self.done = True
+        elif not self._finished and _FINISHED.search(block) is not None:
+            self._finished = True
         if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
             _raise_on_error_envelope(block)
         if b'"usage"' not in block:
@@ -86,9 +93,13 @@ class OpenAIUsageTap:
         return block
 
     def finish(self) -> bytes:
-        """An upstream that ended without ``[DONE]`` is passed on as it is: not ours to judge."""
-        self.done = True
-        return self._framer.rest()
+        """The upstream's body ended without ``[DONE]``. The answer is whole when a choice has said
+        its ``finish_reason`` (some OpenAI-compatible servers end so: TGI before 2.2, mistral.rs,
+        llama-box, text-generation-webui had releases without ``[DONE]``); else it is a cut, which
+        the relay tells the client and counts (it stays not ``done``)."""
+        rest = answer_lines(self._framer.rest())
+        self.done = self._finished or _FINISHED.search(rest) is not None
+        return rest
 
     def error_event(self, message: str) -> bytes:
         return openai_error_event(message)
@@ -154,7 +165,7 @@ class AnthropicUsageTap:
         self._upstream: dict[str, int] = {}
 
     def feed(self, data: bytes) -> bytes:
-        block = self._framer.complete(data)
+        block = answer_lines(self._framer.complete(data))
         if b'"message_stop"' in block:
             self.done = True
         if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
@@ -170,7 +181,7 @@ class AnthropicUsageTap:
         return block
 
     def finish(self) -> bytes:
-        return self._framer.rest()
+        return answer_lines(self._framer.rest())
 
     def error_event(self, message: str) -> bytes:
         """The relay's closing event for a failed stream, in Anthropic's shape."""
@@ -181,10 +192,15 @@ class AnthropicUsageTap:
         if payload is None:
             return
         if payload.get("type") == "error":
-            error = payload.get("error") or {}
-            raise AnthropicStreamError(error.get("message") or "Anthropic stream error",
-                                       error.get("type") or "api_error")
-        usage = payload.get("usage") or (payload.get("message") or {}).get("usage")
+            error = payload.get("error")
+            error = error if isinstance(error, dict) else {"message": error}
+            message, kind = error.get("message"), error.get("type")
+            raise AnthropicStreamError(message if isinstance(message, str) and message else "Anthropic stream error",
+                                       kind if isinstance(kind, str) and kind else "api_error")
+        usage = payload.get("usage")
+        message = payload.get("message")
+        if not usage and isinstance(message, dict):
+            usage = message.get("usage")
         if isinstance(usage, dict):
             self._upstream.update({k: token_count(v) for k, v in usage.items() if isinstance(v, int | str)})
             self.usage = usage_from_anthropic(self._upstream)

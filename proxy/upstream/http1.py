@@ -26,6 +26,7 @@ parser or the socket raises later is aiohttp's own client errors, named by ``tra
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import ssl
 import time
@@ -69,13 +70,15 @@ class MalformedAnswer(aiohttp.ClientError):
 
 
 class BadStatus(aiohttp.ClientError):
-    """A final status firstbyte never passes on: a protocol switch, a redirect, or a number HTTP
+    """A final status firstbyte never passes on: a protocol switch, a redirect, a 304, or a number HTTP
     does not define. A client that got it would act on it (the anthropic SDK followed a relayed
     307 and posted the prompt to the address in ``Location``)."""
 
     def __init__(self, status: int) -> None:
         if status == 101:
             did = "switched protocols (101)"
+        elif status == 304:
+            did = "answered 304 (not modified) to a request that asked for no cached copy"
         elif 300 <= status < 400:
             did = f"answered {status}, a redirect, which firstbyte neither follows nor passes on"
         else:
@@ -328,8 +331,11 @@ class Pool:
         return infos
 
 
+@functools.cache
 def default_tls() -> ssl.SSLContext:
-    """Certificates and host names verified against the system's CA store; ALPN says HTTP/1.1."""
+    """Certificates and host names verified against the system's CA store; ALPN says HTTP/1.1.
+    Made once per process (loading the store takes a loaded box tenths of a second); a box's
+    supervisor makes it before it forks its workers."""
     context = ssl.create_default_context()
     context.set_alpn_protocols(["http/1.1"])
     return context

@@ -49,7 +49,7 @@ DRAINING = "firstbyte is shutting down"  # the reason a drain's grace cut a stre
 class Lease:
     target: Target
     upstream: Upstream
-    first: bytes  # the events up to and with the first token, held back until the commit
+    first: bytes  # the events up to and with the first token, in the client's shape (answer.py)
     translator: StreamTranslator
     slot: Slot
     started: float
@@ -65,6 +65,7 @@ class Lease:
     client: asyncio.WriteTransport | None = None  # the relay's client connection, for the drain's cut
     tail: bool = False  # the client has the whole answer; only the upstream's end is being read
     stalled: str | None = None  # the deadline came while the client was not reading: its doing
+    broken: Exception | None = None  # how translating ``first`` failed: the relay tells it after ``first``
 
     def expire(self, reason: str) -> None:
         """Past its idle or total deadline: wake the relay's pending read with the reason.

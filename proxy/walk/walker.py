@@ -31,16 +31,8 @@ from ..state.tracker import BUFFERED, STREAMED
 from ..translate.chat_to_anthropic import TranslationError
 from ..translate.first_token import Ended, FirstToken, UpstreamError, error_in_body, scrubbed
 from ..upstream.transport import Transport, Upstream
-from .classify import (
-    BUSY,
-    INVALID_BODY,
-    Outcome,
-    classify_ended,
-    classify_error,
-    classify_exception,
-    classify_status,
-    is_json_object,
-)
+from .answer import buffered_answer, stream_opening
+from .classify import BUSY, Outcome, classify_ended, classify_error, classify_exception, classify_status
 from .deadlines import Countdown, Deadlines
 from .lease import Background, Lease
 from .limiter import Limiters
@@ -285,19 +277,26 @@ class Walker:
         if failure is not None:
             return self._failed_before_token(trail, aim, slot, failure, started)
         target, call = aim.target, aim.call
-        body = None if call.stream else _translated(aim.adapter, call, target, first)
-        if body is INVALID_BODY:
-            self._failed(trail, aim, slot.ts, INVALID_BODY, started)  # not the success it claims
-            return INVALID_BODY
+        # Not the answer it claims (answer.py): a failure, counted, not the success its status says.
+        answer: bytes | tuple[bytes, Exception | None] | Outcome
+        if call.stream:
+            translator = aim.adapter.stream_translator(call, target)
+            answer = stream_opening(translator, first, self.scrubber)
+        else:
+            answer = buffered_answer(aim.adapter, call, target, first)
+        if isinstance(answer, Outcome):
+            self._failed(trail, aim, slot.ts, answer, started)
+            return answer
         ttfc = now - started
         self.state.first_token(slot.ts, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
         attempt = Attempt(target.name, str(status), ttfc, False, ttfc)
-        if isinstance(body, bytes):
-            trail.answered(attempt, status, upstream.headers, body)
+        if isinstance(answer, bytes):
+            trail.answered(attempt, status, upstream.headers, answer)
             return None
         t = aim.provider.timeouts
-        lease = Lease(target, upstream, first, aim.adapter.stream_translator(call, target), slot, started,
-                      t.idle, t.total, self.clock, self.deadlines, self.background, aim.route.cooldown)
+        opening, broken = answer
+        lease = Lease(target, upstream, opening, translator, slot, started, t.idle, t.total, self.clock,
+                      self.deadlines, self.background, aim.route.cooldown, broken=broken)
         self.deadlines.calls.add(lease)  # the stream's idle and total deadlines, swept from here on
         trail.answered(attempt, status, upstream.headers, lease=lease)
         return lease
@@ -353,7 +352,7 @@ class Walker:
         if outcome.counts:
             self.state.failed(ts, now, aim.route.cooldown, outcome.word)
         if outcome.retry_after is not None:
-            self.state.cool(ts, now + outcome.retry_after)
+            self.state.cool(ts, now + outcome.retry_after, now)
 
 
 async def _first_token(upstream: Upstream, gate: FirstToken) -> None:
@@ -364,21 +363,3 @@ async def _first_token(upstream: Upstream, gate: FirstToken) -> None:
     while not decided:
         data = await read()
         decided = gate.feed(data) if data else gate.end()
-
-
-# What a translator raises when a 2xx body has the right envelope but fields of the wrong types
-# (``"choices": [5]``, ``"tool_calls": 5``): the upstream's fault, failed over like a body that is
-# not JSON, never a 500 (a reviewer found six such sites across the translators).
-_SHAPE_ERRORS = (TypeError, KeyError, ValueError, AttributeError, IndexError)
-
-
-def _translated(adapter: Adapter, call: Call, target: Target, first: bytes) -> bytes | Outcome:
-    """The client's body from a buffered 2xx answer, or ``INVALID_BODY`` when it is not one."""
-    if not is_json_object(first):
-        return INVALID_BODY
-    try:
-        return adapter.translate_body(call, target, first)
-    except TranslationError:
-        raise
-    except _SHAPE_ERRORS:
-        return INVALID_BODY

@@ -34,6 +34,11 @@ def probing(name: str) -> Setup:
     return setup
 
 
+def peers_measure(*names: str, mode: str = "streamed") -> Setup:
+    """Other instances of the fleet hold the measuring claims of these targets (fleet/measures.py)."""
+    return lambda s: s.set_measuring(frozenset(((n, "m"), mode) for n in names))
+
+
 def cooled(name: str, secs: float) -> Setup:
     """A 429 said Retry-After: ``secs`` from NOW."""
     return lambda s: s.target((name, "m")).breaker.cool(NOW + secs)
@@ -126,6 +131,18 @@ ORDERING = [
     pytest.param(unraced([t("a"), t("b"), t("c")], fastest={"explore": 0}),
                  (fig("a", 0.9), fig("b", 0.3), fig("c", 0.5)), {}, 7,
                  H + "fastest; order=b(fastest 0.30s), c(0.50s), a(0.90s)", id="fastest-by-figure"),
+    pytest.param(unraced([t("a"), t("b"), t("c")]), (peers_measure("a", "b"),), {}, 7,
+                 H + "fastest; order=c(unmeasured), a(unmeasured), b(unmeasured)",
+                 id="fastest-peers-measure-a-and-b-this-one-c"),
+    pytest.param(unraced([t("a"), t("b"), t("c")]), (peers_measure("a"), fig("c", 0.5)), {}, 7,
+                 H + "fastest; order=b(unmeasured), c(0.50s), a(unmeasured)",
+                 id="fastest-a-peer-measures-a-it-goes-behind-the-measured"),
+    pytest.param(unraced([t("a"), t("b")]), (peers_measure("a", "b"),), {}, 7,
+                 H + "fastest; order=a(unmeasured), b(unmeasured)",
+                 id="fastest-peers-measure-all-no-wait-fewest-first"),
+    pytest.param(unraced([t("a"), t("b")]), (peers_measure("a", mode="buffered"),), {}, 7,
+                 H + "fastest; order=a(unmeasured), b(unmeasured)",
+                 id="fastest-a-peers-buffered-claim-leaves-streamed-alone"),
     pytest.param(unraced([t("a"), t("b"), t("c")], fastest={"explore": 1.0}),
                  (fig("a", 0.9), fig("b", 0.3), fig("c", 0.5)), {}, 7,
                  H + "fastest; order=c(explore 0.50s), b(0.30s), a(0.90s)", id="fastest-explore-seeded"),

@@ -13,6 +13,7 @@ from proxy.translate.sse import (
     EventFramer,
     Opening,
     SseDecoder,
+    answer_lines,
     data_of,
     event_around,
     fields,
@@ -124,3 +125,21 @@ def test_a_first_read_that_is_all_content_is_held_as_it_is() -> None:
     first = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
     assert gate.feed(first)
     assert type(gate.held) is bytes and gate.held == first
+
+
+@pytest.mark.parametrize(("block", "kept"), [
+    pytest.param(b"data: x\n\n", b"data: x\n\n", id="data-as-it-is"),
+    pytest.param(b"event: e\ndata: x\n\n", b"event: e\ndata: x\n\n", id="named-event-as-it-is"),
+    pytest.param(b"data: a\ndata: b\n\n", b"data: a\ndata: b\n\n", id="two-data-lines"),
+    pytest.param(b"data: x\r\n\r\n", b"data: x\r\n\r\n", id="crlf-as-it-is"),
+    pytest.param(b": sk-secret\n\ndata: x\n\n", b":\n\ndata: x\n\n", id="comment-text-cut-keep-alive-kept"),
+    pytest.param(b"id: sk-secret\ndata: x\n\n", b"data: x\n\n", id="id-line-dropped"),
+    pytest.param(b"data: x\n: sk-secret\nretry: 5\n\n", b"data: x\n\n", id="comment-inside-an-event-dropped"),
+    pytest.param(b"id: 1\n\n", b"", id="event-of-nothing-but-an-id-dropped"),
+    pytest.param(b"data: x\r\n\r\n: c\r\n\r\n", b"data: x\r\n\r\n:\n\n", id="crlf-comment"),
+    pytest.param(b"data: x\n\n: sk-cut", b"data: x\n\n:\n\n", id="unended-comment-at-the-end"),
+    pytest.param(b"datax: sk\ndata: x\n\n", b"data: x\n\n", id="unknown-field-dropped"),
+    pytest.param(b"", b"", id="empty"),
+])
+def test_a_passthrough_block_keeps_only_its_answer_lines(block, kept):
+    assert answer_lines(block) == kept

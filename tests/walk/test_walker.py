@@ -147,3 +147,71 @@ async def test_a_2xx_whose_fields_have_the_wrong_types_is_an_invalid_body_not_a_
     assert status == 502, body
     assert decision_of(headers).attempt_outcomes() == [("bad", "invalid body")]
     assert p.gateway.state.target(("bad", "m")).breaker.health(p.gateway.clock()).failures == 1
+
+
+def _events(*payloads: dict[str, object]) -> bytes:
+    """Named SSE events (Anthropic's and the Responses API's shape), each named after its ``type``."""
+    return b"".join(b"event: %s\ndata: %s\n\n" % (str(p["type"]).encode(), orjson.dumps(p)) for p in payloads)
+
+
+_START = {"type": "message_start", "message": {"id": "m", "role": "assistant", "content": [],
+                                               "usage": {"input_tokens": 1, "output_tokens": 0}}}
+_TEXT = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}
+
+
+@pytest.mark.parametrize(("kind", "path", "request_body", "opening"), [
+    pytest.param("openai", "/v1/messages", MESSAGES, b'data: {"choices":[{"delta":{"tool_calls":5}}]}\n\n',
+                 id="openai-to-messages-tool-calls-int"),
+    pytest.param("openai", "/v1/messages", MESSAGES,
+                 b'data: {"choices":[{"delta":{"role":"assistant"}}],"usage":5}\n\n'
+                 b'data: {"choices":[5,{"delta":{"content":"hi"}}]}\n\n', id="openai-to-messages-choice-int"),
+    pytest.param("anthropic", "/v1/chat/completions", CHAT,
+                 _events(_START, {"type": "content_block_start", "index": [1],
+                                  "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}}),
+                 id="anthropic-to-chat-index-a-list"),
+    pytest.param("anthropic", "/v1/chat/completions", CHAT,
+                 _events(_START, {"type": "content_block_delta", "index": 0, "delta": "x"}, _TEXT),
+                 id="anthropic-to-chat-held-delta-a-string"),
+    pytest.param("openai", "/v1/responses", RESPONSES, b'data: {"choices":[{"delta":{"tool_calls":[5]}}]}\n\n',
+                 id="openai-to-responses-tool-call-int"),
+])
+async def test_a_stream_opening_whose_fields_have_the_wrong_types_fails_over_before_the_commit(
+        upstreams, proxy, kind, path, request_body, opening):
+    """A reviewer's streams: the first token came, but an event up to it (held back, or the token's
+    own) has fields of the wrong types. Nothing has reached the client yet, so it is the upstream's
+    malformed stream: counted, and the next target answers. (It used to commit, then end in
+    ``stream_interrupted`` quoting Python's error text.)"""
+    async def liar(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(opening)
+        await response.write_eof()
+        return response
+
+    bad = await upstreams({"*": liar})
+    good = await upstreams({"/v1/chat/completions": ok_handler("fine")})
+    provider = anthropic_provider(bad.url) if kind == "anthropic" else openai_provider(bad.url)
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
+                                 {"bad": provider, "good": openai_provider(good.url)}))
+    status, headers, body = await p.post(path, {**request_body, "stream": True})
+    assert status == 200, body
+    assert b"fine0" in body and b"Error" not in body, body
+    assert decision_of(headers).attempt_outcomes() == [("bad", "malformed stream"), ("good", "200")]
+    assert p.gateway.state.target(("bad", "m")).breaker.health(p.gateway.clock()).failures == 1
+    assert p.gateway.state.tracker.samples(("bad", "m"), "streamed") == 0
+
+
+async def test_a_lone_target_whose_stream_opening_has_the_wrong_types_is_a_502_a_person_can_read(upstreams, proxy):
+    async def liar(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"delta":{"tool_calls":5}}]}\n\n')
+        await response.write_eof()
+        return response
+
+    bad = await upstreams({"*": liar})
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}], {"bad": openai_provider(bad.url)}))
+    status, _, body = await p.post("/v1/messages", {**MESSAGES, "stream": True})
+    assert status == 502, body
+    message = orjson.loads(body)["error"]["message"]
+    assert "wrong types" in message and "Error" not in message and "iterable" not in message, message
