@@ -42,7 +42,7 @@ from .hedge import MIN_SAMPLES
 LOOK_AFTER = 10  # worth (route requests, weighted) at which a look is due
 UNCERTAIN = 2.0  # a figure on few samples or on a censored bound: its requests count this much
 REACH_SAMPLES = 10  # the newest samples a target's reach is read from
-LOOK_KEEP = RESERVE + 1  # tokens a look leaves for hedges: a stall may come twice before a token is earned
+LOOK_KEEP = RESERVE  # tokens a look leaves for hedges, as any explore does (docs/adr/0023: two starved it)
 
 Figures = Mapping[str, float | None]
 
