@@ -31,8 +31,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fleet.conftest import PATH, answering, call, target  # noqa: E402
-from tests.fleet.test_workers import Box, box_config, fresh, worker_pids  # noqa: E402
+from tests.fleet.conftest import PATH, Box, answering, box_config, call, fresh, target, worker_pids  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 

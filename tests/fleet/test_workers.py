@@ -13,69 +13,16 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
 from ..conftest import promtool
-from ..redis_server import RedisServer
-from .conftest import PATH, ROOT, Instance, answering, call, config, target
-
-
-class Box(Instance):
-    """A supervised box: ready when the supervisor says every worker listens."""
-
-    env: dict[str, str] = {}  # a test's extra environment (systemd's), set before start
-
-    async def start(self) -> Box:  # type: ignore[override]
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.dir / "routes.json")],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                env={**os.environ, "FLEET_PASSWORD": self.password, **self.env})
-        deadline = time.monotonic() + 40  # two interpreters importing firstbyte on a busy machine
-        while "workers listening on" not in self.log.read_text(errors="replace"):
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, self.log.read_text()
-            await asyncio.sleep(0.05)
-        return self
-
-    def rewrite(self, change: dict[str, Any]) -> None:
-        path = self.dir / "routes.json"
-        path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), **change}))
-
+from .conftest import PATH, ROOT, Box, answered_by, answering, box_config, call, fresh, target, worker_pids
 
 pytestmark = pytest.mark.timeout(150)  # each box starts three interpreters
-
-
-def box_config(redis: RedisServer, urls: dict[str, str], failures: int = 3, workers: int = 2) -> dict[str, Any]:
-    return {**config(redis, f"w-{uuid.uuid4().hex[:8]}", urls, failures=failures), "workers": workers}
-
-
-@pytest.fixture
-async def boxes(tmp_path: Path):  # type: ignore[no-untyped-def]
-    started: list[Box] = []
-
-    async def start(cfg: dict[str, Any]) -> Box:
-        box = Box(tmp_path, cfg)
-        started.append(box)  # stopped even when it never says ready
-        return await box.start()
-
-    yield start
-    for box in started:
-        box.stop()
-
-
-async def fresh(box: Box, path: str) -> tuple[int, Any]:
-    """One request on a new connection (the kernel picks the worker anew for each)."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
-            session.get(box.url + path) as resp:
-        body = await resp.read()
-        return resp.status, (orjson.loads(body) if path == "/v1/health" else body.decode())
 
 
 async def workers_seen(box: Box, tries: int = 40) -> set[int]:
@@ -121,11 +68,13 @@ async def test_a_breaker_opened_through_one_worker_excludes_the_target_on_the_ot
 
 
 def totals(text: str) -> dict[str, float]:
-    """The counters of a scrape (``*_total`` samples and histogram counts) by series."""
+    """The counters of a scrape (``*_total`` samples and histogram counts) by series; not the fleet
+    link's events, which an idle box still sends (each worker's heartbeat, every 0.5 s)."""
     out = {}
     for line in text.splitlines():
         series, _, value = line.rpartition(" ")
-        if not line.startswith("#") and (series.split("{")[0].endswith(("_total", "_count"))):
+        name = series.split("{")[0]
+        if not line.startswith("#") and name.endswith(("_total", "_count")) and not name.startswith("firstbyte_fleet_"):
             out[series] = float(value)
     return out
 
@@ -145,14 +94,6 @@ async def test_metrics_read_twenty_times_give_the_same_totals_whichever_worker_a
     assert all(totals(s) == first for s in scrapes)
     checked = subprocess.run([promtool(), "check", "metrics"], input=scrapes[-1], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-
-
-def worker_pids(box: Box) -> dict[int, list[int]]:
-    """Each worker slot's processes in the order the supervisor started them."""
-    pids: dict[int, list[int]] = {}
-    for index, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", box.log.read_text(errors="replace")):
-        pids.setdefault(int(index), []).append(int(pid))
-    return pids
 
 
 async def models(box: Box) -> set[str]:
@@ -198,18 +139,6 @@ async def test_sigterm_drains_both_workers(redis_server, upstreams, boxes) -> No
     served = [ln for ln in box.access_log.read_text().splitlines() if "path=/v1/chat/completions" in ln]
     assert len({re.search(r" instance=(\S+) ", ln).group(1) for ln in served}) == 2  # type: ignore[union-attr]
     assert box.log.read_text().count("draining: requests in flight get") == 2
-
-
-async def answered_by(box: Box, pid: int, within: float) -> dict[str, Any]:
-    """/v1/health from the worker whose pid is ``pid``, on fresh connections until it answers."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        with contextlib.suppress(aiohttp.ClientError, OSError):
-            _, health = await fresh(box, "/v1/health")
-            if health["fleet"]["instance"].split("-")[-2] == str(pid):
-                return health  # type: ignore[no-any-return]
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"worker {pid} did not answer within {within}s:\n{box.log.read_text()}")
 
 
 # A replaced worker is forked from the supervisor, which imported the server already: on this
