@@ -138,15 +138,18 @@ def _mode_cells(figures: dict[str, Any]) -> list[str]:
 
 
 def _gateway_url(args: argparse.Namespace) -> str | None:
-    """``--url``, else the ``listen`` of ``--config`` (a wildcard host asked on loopback), else the default.
-    Only ``listen`` is read: the file's secrets (client and provider keys) need not be in this shell."""
+    """``--url``, else the ``ops_listen`` of ``--config`` when it has one (explain is served there
+    without client keys), else its ``listen`` (a wildcard host asked on loopback), else the default.
+    Only these are read: the file's secrets (client and provider keys) need not be in this shell."""
     if args.url is not None:
         return str(args.url)
     if args.config is None:
         return "http://127.0.0.1:8080"
     try:
         data = read_yaml(Path(args.config).read_text("utf-8"), str(args.config))
-        listen = data.get("listen", default(Config, "listen")) if isinstance(data, dict) else None
+        listen = None
+        if isinstance(data, dict):
+            listen = data.get("ops_listen") or data.get("listen", default(Config, "listen"))
         if not isinstance(listen, str):
             raise ValueError(listen)
         host, port = split_listen(listen)
@@ -154,7 +157,7 @@ def _gateway_url(args: argparse.Namespace) -> str | None:
         print(exc, file=sys.stderr)
         return None
     except (OSError, UnicodeDecodeError, ValueError):
-        print(f"{args.config}: listen: not host:port", file=sys.stderr)
+        print(f"{args.config}: listen (or ops_listen): not host:port", file=sys.stderr)
         return None
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

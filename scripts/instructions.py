@@ -63,7 +63,7 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
     out = tmp / f"callgrind-{name}-{'stream' if stream else 'buffer'}.out"
     proc = callgrind(args, out, env, tmp / f"{name}.log")
     try:
-        bench.wait_port(port, proc, timeout=120)
+        bench.wait_port(port, proc, timeout=300)  # valgrind on a busy box starts slowly
         url = f"http://127.0.0.1:{port}{bench.PATH}"
         body = dict(bench.BODY, model="one", stream=stream)
         run = {"op": "run", "url": url, "body": body, "stream": stream, "concurrency": 16, "warmup": 0}

@@ -13,7 +13,8 @@ oracle). Duplicates: upstream calls beside the first, by each answer's ``race=``
 
 Strategies (each a route over A, B, C; ``fastest`` and ``hedge`` as the shipped routes.yaml's ``chat``
 route sets them): ``shipped`` (with its ``hedge``), ``unset`` (the same route saying nothing about
-``hedge``: the default), ``off`` (``hedge: false``), ``measure`` (the shipped hedge with ``after: 600``:
+``hedge``: the default), ``off`` (``hedge: false``), ``defaults`` (``hedge: {}``: firstbyte's own hedge
+settings), ``measure`` (the shipped hedge with ``after: 600``:
 races to measure, never hedges by time), ``oracle`` (firstbyte pinned to the scheduled best).
 Each repeat starts every process afresh (a cold start); the table pools repeats and gives their range.
 
@@ -64,6 +65,7 @@ def routes(shipped: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"shipped": {**base, "hedge": shipped["hedge"]},
             "unset": base,
             "off": {**base, "hedge": False},
+            "defaults": {**base, "hedge": {}},
             "measure": {**base, "hedge": {**shipped["hedge"], "after": 600}},
             "oracle": {"strategy": "ordered", "targets": base["targets"]}}
 
@@ -221,8 +223,8 @@ def spread(values: list[float], spec: str = ".2f") -> str:
 
 def table(results: dict[str, Any], strategies: list[str]) -> list[str]:
     """Markdown rows: pooled over the repeats, each repeat's range in brackets, and the goal's verdict."""
-    rows = ["| scenario | strategy | reqs | x direct (mean) | x direct after the shift | x sched | dup % | "
-            "on best % | goal |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| scenario | strategy | reqs | x direct (mean) | x direct after the shift | x oracle | x sched | dup % | "
+            "on best % | goal |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in results.items():
         for s in strategies:
             if s == DIRECT:
@@ -237,8 +239,12 @@ def table(results: dict[str, Any], strategies: list[str]) -> list[str]:
             after_s = f"{p['x_direct_after']:.2f} {spread(after)}" if "x_direct_after" in p else "-"
             ratio = f"{p['x_direct']:.2f} {spread([r['x_direct'] for r in reps])}"
             dup = f"{p['dup_share'] * 100:.1f} {spread([r['dup_share'] * 100 for r in reps], '.1f')}"
-            rows.append(f"| {name} | {s} | {p['requests']} | {ratio} | {after_s} | {p['x_sched']:.2f} | {dup} "
-                        f"| {p['on_best'] * 100:.0f} | {verdict} |")
+            oracle = res["pooled"].get("oracle")  # the pinned firstbyte of the same run(s): the proxy's hop alone
+            x_oracle = "-" if oracle is None else (
+                f"{p['mean_ms'] / oracle['mean_ms']:.2f} "
+                f"{spread([r[s]['mean_ms'] / r['oracle']['mean_ms'] for r in res['repeats']])}")
+            rows.append(f"| {name} | {s} | {p['requests']} | {ratio} | {after_s} | {x_oracle} | {p['x_sched']:.2f} "
+                        f"| {dup} | {p['on_best'] * 100:.0f} | {verdict} |")
     return rows
 
 
@@ -246,7 +252,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="simulate-pool --direct", description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", nargs="+", default=list(ABRUPT_SCENARIOS), choices=list(SCENARIOS))
     p.add_argument("--strategies", nargs="+", default=["shipped", "unset", "oracle"],
-                   choices=["shipped", "unset", "off", "measure", "oracle"])
+                   choices=["shipped", "unset", "off", "defaults", "measure", "oracle"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=None, help="load per run (default: the scenario's, 3 s)")
     p.add_argument("--concurrency", type=int, default=None, help="workers per client (default: the scenario's, 4)")
@@ -278,7 +284,8 @@ def main(argv: list[str]) -> int:
           f"side in each run (cold start each repeat), concurrency per client as the scenario's; routes.yaml's "
           f"chat route: fastest {shipped['fastest']}, hedge {shipped['hedge']}")
     print("x direct: mean time to first token / the direct client's in the same run(s), pooled [range of the "
-          "repeats]; x sched: / the configured delay of the best target\n")
+          "repeats]; x oracle: / the pinned firstbyte's (oracle) of the same run(s), the routing alone; x sched: / "
+          "the configured delay of the best target\n")
     print("\n".join(table(results, strategies)))
     path = OUT / f"simulate-pool-{args.tag}.json"
     OUT.mkdir(exist_ok=True)

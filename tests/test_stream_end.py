@@ -12,10 +12,16 @@ ends on a read boundary.)
 from __future__ import annotations
 
 import asyncio
+import io
 
 import aiohttp
+import openai
+import orjson
+import pytest
 from aiohttp import web
 
+from proxy.config import AccessLog as AccessLogConfig
+from proxy.observe.accesslog import AccessLog
 from proxy.upstream.http1 import QUIET
 
 from .conftest import chunk_event, openai_provider, route_config, sse
@@ -132,3 +138,74 @@ async def test_an_upstream_that_talks_on_after_its_end_marker_loses_its_connecti
         await released(p)
     assert len(ports) == 2 and ports[0] != ports[1], "a connection that kept talking is not reused"
     blameless(p)
+
+
+def ends_without_done(finish: str | None):  # type: ignore[no-untyped-def]
+    """An upstream whose stream ends cleanly (chunked end of body) without ``data: [DONE]``: after a
+    chunk finishing with ``finish``, or (None) in the middle of its answer."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(chunk_event("one") + chunk_event(" two"))
+        if finish is not None:
+            await response.write(chunk_event("", finish))
+        await response.write_eof()
+        return response
+
+    return handle
+
+
+async def test_a_stream_that_ends_without_done_or_a_finish_reason_is_a_cut_told_logged_and_counted(
+        upstreams, proxy):
+    """A reviewer's stream: content, then a clean end of body with neither ``[DONE]`` nor a
+    finish_reason. It looked complete (no error event, nothing logged); it is a truncated answer."""
+    lines = io.StringIO()
+    access = AccessLog(AccessLogConfig(format="json"), stream=lines)
+    up = await upstreams({"/v1/chat/completions": ends_without_done(None)})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                    observers=[access])
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    words = []
+    try:
+        with pytest.raises(openai.APIError) as caught:
+            async for chunk in await client.chat.completions.create(**CHAT):
+                words.append(chunk.choices[0].delta.content)
+    finally:
+        await client.close()
+    await access.close()
+    assert words == ["one", " two"]
+    assert "ended before its end marker" in caught.value.message and "incomplete" in caught.value.message
+    assert orjson.loads(lines.getvalue())["error"] == "the upstream stream ended before its end marker"
+    assert p.gateway.state.target(KEY).breaker.failures == 1
+
+
+@pytest.mark.parametrize("finish", [pytest.param("stop", id="stop"), pytest.param("length", id="length")])
+async def test_a_stream_that_ends_without_done_after_its_finish_reason_is_whole(upstreams, proxy, finish):
+    """Some OpenAI-compatible servers end their streams so (TGI before 2.2, mistral.rs, llama-box):
+    the answer said it was finished, so it is complete, as firstbyte's translators already read it."""
+    up = await upstreams({"/v1/chat/completions": ends_without_done(finish)})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        chunks = [c async for c in await client.chat.completions.create(**CHAT)]
+    finally:
+        await client.close()
+    assert [c.choices[0].finish_reason for c in chunks] == [None, None, finish]
+    await released(p)
+    blameless(p)
+
+
+async def test_a_close_delimited_stream_cut_mid_answer_is_told_as_a_cut(raw_upstreams, proxy):
+    """The same cut, the body delimited by the connection's close (no chunked encoding, no length)."""
+    async def script(reader, writer) -> None:  # type: ignore[no-untyped-def]
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+                     + chunk_event("one") + chunk_event(" two"))
+        await writer.drain()
+
+    up = await raw_upstreams(script)
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    async with aiohttp.ClientSession() as session, session.post(p.url + "/v1/chat/completions", json=CHAT) as resp:
+        body = await resp.read()
+    last = orjson.loads(body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))
+    assert last["error"]["code"] == "stream_interrupted", body
+    assert p.gateway.state.target(KEY).breaker.failures == 1

@@ -186,6 +186,7 @@ class FleetLink:
             try:
                 await self._connect()
                 folded = await self._catch_up()
+                await self.measures.tick()  # the fleet's measuring claims known (and one taken) before ready
                 self._joined(folded)
                 backoff = BACKOFF_MIN
                 await self._serve()

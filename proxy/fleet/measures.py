@@ -8,18 +8,21 @@ ever awaits Redis (docs/adr/0016, "One measure per target and mode"):
 
 - Every ``TICK`` while a target of a ``fastest`` route is unmeasured in a mode (and usable), this
   task reads who holds each such claim (one ``MGET`` of ``firstbyte:FLEET:measure:MODE:FID``) and
-  swaps the peers' claims into ``State.measuring``. The planner counts a peer's claim as a call
-  measuring the target, as it counts its own: the target goes behind the measured ones and behind
-  unmeasured ones nobody measures. The planner reads a set; it never waits.
+  swaps the peers' claims into ``State.measuring``; every ``QUIET_TICK`` once nothing changed for
+  ``QUIET_SECS`` (an idle fleet, or a mode no client uses: the claims stand as they are). The
+  planner counts a peer's claim as a call measuring the target, as it counts its own: the target
+  goes behind the measured ones and behind unmeasured ones nobody measures. It reads a set; it
+  never waits.
 - Each instance keeps one unused claim per mode ahead of its traffic: when every claim it holds in
   a mode is in use (its own call is measuring it) or it holds none, it takes the next unclaimed
   target in written order (``SET NX PX``). A fleet of N instances so holds N different targets'
   claims before the first request, and each instance's first request goes to its own.
-- A claim is given back (deleted only if still ours) once the target is measured in that mode (by
-  anyone), or stops needing it (its breaker opened, a reload dropped it), or went unused for
-  ``UNUSED_SECS`` while the fleet answered in that mode: its holder gets no traffic, so it lets
-  another instance measure it and does not take it again for ``RETRY_SECS``. A held claim is
-  renewed; a holder that died blocks nobody longer than ``TTL``.
+- A claim is no longer renewed once the target is measured in that mode (by anyone) or stops
+  needing it (its breaker opened, a reload dropped it): it expires within ``TTL``, so a peer that
+  has not folded the sample in yet still reads the target as being measured. One that went unused
+  for ``UNUSED_SECS`` while the fleet answered in that mode is given back (deleted only if still
+  ours): its holder gets no traffic, so another instance measures it; the holder does not take it
+  again for ``RETRY_SECS``. A holder that died blocks nobody longer than ``TTL``.
 - Redis down: the link drops, the set is emptied (``dropped``), and each instance measures for
   itself as it does alone.
 """
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["Measures"]
 
 TICK = 0.05  # how often unmeasured targets' claims are read (only while some target is unmeasured)
+QUIET_TICK = 0.5  # ... once the claims and what is unmeasured stayed the same for QUIET_SECS
+QUIET_SECS = 1.0
 TTL = 3.0  # a claim lives this long unless renewed: a dead holder blocks nobody longer
 RENEW_SECS = 1.0
 UNUSED_SECS = 1.0  # a claim unused this long while the fleet answered in its mode goes back
@@ -60,6 +65,8 @@ class Measures:
         self.retry_at: dict[Claim, float] = {}
         self.routes: list[Route] = []
         self.claims = 0  # won, since start
+        self._seen: object = None  # what the last tick read: unmeasured, holders, in use
+        self._changed_at = 0.0
 
     def configure(self, config: Config) -> None:
         self.routes = [r for r in config.routes.values() if r.strategy == "fastest"]
@@ -76,14 +83,19 @@ class Measures:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(TICK)
-            await self._tick()
+            quiet = self.link.clock() - self._changed_at > QUIET_SECS
+            await asyncio.sleep(QUIET_TICK if quiet else TICK)
+            await self.tick()
 
-    async def _tick(self) -> None:
+    async def tick(self) -> None:
+        """Read the claims of what is unmeasured, tend ours, take one ahead per mode."""
         link, now = self.link, self.link.clock()
         wanted = self._unmeasured(now)
         for claim in [c for c in self.held if c not in wanted]:
-            await self._give_back(claim)
+            # Measured (or no longer measurable): left to expire, not deleted, so a peer whose view
+            # lacks the sample yet still reads it as being measured instead of free to measure again.
+            self.held.pop(claim, None)
+            self.renewed.pop(claim, None)
         if not wanted:
             if link.state.measuring:
                 link.state.set_measuring(frozenset())
@@ -100,6 +112,9 @@ class Measures:
             elif holder != link.instance:
                 peers.update((key, claim[1]) for key in keys)
         link.state.set_measuring(frozenset(peers))
+        seen = (holders, {c: self._in_use(keys, c[1]) for c, keys in wanted.items()})
+        if seen != self._seen:  # traffic or a peer moved something: look often again
+            self._seen, self._changed_at = seen, now
         await self._tend(wanted, now)
         await self._claim_ahead(wanted, free, now)
 

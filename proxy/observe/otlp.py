@@ -15,7 +15,8 @@ import functools
 import struct
 from collections.abc import Iterable, Sequence
 
-__all__ = ["CLIENT", "ERROR", "SERVER", "attr", "export_request", "field", "known", "scope", "seconds", "status"]
+__all__ = ["CLIENT", "ERROR", "SERVER", "assemble", "attr", "export_request", "field", "known", "named", "scope",
+           "seconds", "span", "status"]
 
 SERVER, CLIENT = 2, 3  # Span.SpanKind
 ERROR = 2  # Status.StatusCode
@@ -103,6 +104,34 @@ def field(number: int, data: bytes) -> bytes:
 def status(code: int, message: str) -> bytes:
     """``Span.status`` (field 15): its message (2) and code (3)."""
     return field(15, field(2, message.encode("utf-8", "replace")) + _tag(3, _VARINT) + _varint(code))
+
+
+_IDS = struct.Struct(">2sQQ2sQ").pack  # trace_id (field 1: 16 bytes, two big-endian halves), span_id (2: 8 bytes)
+_PARENT = struct.Struct(">2sQ").pack  # parent_span_id: field 4, 8 bytes
+_TIMES = struct.Struct("<BQBQ").pack  # start_time_unix_nano (field 7), end_time_unix_nano (8): fixed64
+_KINDS = {SERVER: _tag(6, _VARINT) + _varint(SERVER), CLIENT: _tag(6, _VARINT) + _varint(CLIENT)}
+
+
+def named(name: str, kind: int) -> bytes:
+    """A span's name (field 5) and kind (6): a route's or a target's, encoded once by the caller."""
+    return field(5, name.encode("utf-8", "replace")) + _KINDS[kind]
+
+
+def assemble(trace_hi: int, trace_lo: int, span_id: int, parent_id: int | None, trace_state: bytes,
+             name_and_kind: bytes, start_ns: int, end_ns: int, attributes: bytes, status_field: bytes) -> bytes:
+    """A ``Span`` message from its parts: the trace id as two 64-bit halves, ``trace_state`` as
+    the encoded field 3 (or empty), ``attributes`` the concatenation of :func:`attr` results."""
+    return b"".join((_IDS(b"\x0a\x10", trace_hi, trace_lo, b"\x12\x08", span_id), trace_state,
+                     b"" if parent_id is None else _PARENT(b"\x22\x08", parent_id),
+                     name_and_kind, _TIMES(0x39, start_ns, 0x41, end_ns), attributes, status_field))
+
+
+def span(trace_id: bytes, span_id: int, parent_id: int | None, name: str, kind: int, start_ns: int, end_ns: int,
+         attributes: bytes, status_of: tuple[int, str] | None = None, trace_state: str | None = None) -> bytes:
+    """A ``Span`` message; ``trace_id`` is its 16 bytes. :func:`assemble` with every part spelled out."""
+    hi, lo = divmod(int.from_bytes(trace_id, "big"), 1 << 64)
+    return assemble(hi, lo, span_id, parent_id or None, field(3, trace_state.encode()) if trace_state else b"",
+                    named(name, kind), start_ns, end_ns, attributes, status(*status_of) if status_of else b"")
 
 
 def export_request(resource: bytes, scope: bytes, spans: Iterable[bytes]) -> bytes:

@@ -14,7 +14,7 @@ model}`` (kind client) with its provider; the routing record rides along as ``fi
 
 from __future__ import annotations
 
-import struct
+import functools
 from collections import deque
 from collections.abc import Iterator
 
@@ -24,7 +24,7 @@ from ..config import Config
 from ..routing.decision import RACE_WORDS, Attempt, Decision
 from ..traceparent import TraceContext
 from . import Finished
-from .otlp import CLIENT, ERROR, SERVER, attr, field, known, seconds, status
+from .otlp import CLIENT, ERROR, SERVER, assemble, attr, field, known, named, seconds, status
 
 __all__ = ["SpanWriter"]
 
@@ -35,11 +35,6 @@ PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "azure": "azure.ai.op
              "simulated": "firstbyte.simulated"}
 HELD = 4096  # encoded heads kept; past it the table starts again (a reload does too)
 _NS = 1_000_000_000
-# trace_id (field 1, 16 bytes as two big-endian halves) and span_id (field 2, 8 bytes)
-_IDS = struct.Struct(">2sQQ2sQ").pack
-_PARENT = struct.Struct(">2sQ").pack  # parent_span_id: field 4, 8 bytes
-_TIMES = struct.Struct("<BQBQ").pack  # start_time_unix_nano (field 7), end_time_unix_nano (8): fixed64
-_KIND = {SERVER: b"\x30\x02", CLIENT: b"\x30\x03"}
 Head = tuple[bytes, tuple[bytes, bytes]]  # (attributes, (name and kind fields, status field))
 _USAGE = (("prompt_tokens", "gen_ai.usage.input_tokens"), ("completion_tokens", "gen_ai.usage.output_tokens"))
 
@@ -82,7 +77,7 @@ class SpanWriter:
         usage = b"" if d is None else _usage(d)
         out = [self._request_span(f, ctx, hi, lo, start, end, usage)]
         if d is not None:
-            roles = dict(d.race) if d.race else None
+            roles = dict(reversed(d.race)) if d.race else None  # a target's first role, as the header reads
             for attempt, span_id, began in _paired(d, ctx):
                 t0 = start if began is None else start + int((began - ctx.t0) * _NS)
                 out.append(self._attempt_span(f, d, ctx, hi, lo, attempt, span_id, t0, end, usage, roles))
@@ -109,7 +104,8 @@ class SpanWriter:
             a += attr("firstbyte.request_id", d.id) + attr("firstbyte.decision", d.header())
         if f.ttfc is not None:
             a += seconds("firstbyte.time_to_first_byte_s", f.ttfc)
-        return _assemble(hi, lo, ctx.span_id, ctx.parent_id, ctx.tracestate, head[1], start, end, a)
+        return assemble(hi, lo, ctx.span_id, ctx.parent_id, _state(ctx.tracestate), head[1][0], start, end, a,
+                        head[1][1])
 
     def _attempt_span(self, f: Finished, d: Decision, ctx: TraceContext, hi: int, lo: int, a: Attempt,
                       span_id: int, start: int, request_end: int, usage: bytes,
@@ -127,7 +123,7 @@ class SpanWriter:
             b += usage
         # The served attempt goes on until the answer has been relayed; the others end when settled.
         end = max(request_end, start) if served else start + int(a.seconds * _NS)
-        return _assemble(hi, lo, span_id, ctx.span_id, ctx.tracestate, head[1], start, end, b)
+        return assemble(hi, lo, span_id, ctx.span_id, _state(ctx.tracestate), head[1][0], start, end, b, head[1][1])
 
     def _attempt_head(self, operation: str, a: Attempt, role: str | None, served: bool) -> Head:
         """An attempt's attributes and (name, status) fields that its target, outcome and role decide."""
@@ -145,8 +141,7 @@ class SpanWriter:
             b += known("gen_ai.response.model", model or a.name)
         elif failed:
             b += known("error.type", a.outcome)
-        tail = field(5, f"{op} {model or a.name}".encode("utf-8", "replace")) + _KIND[CLIENT]
-        return b, (tail, status(ERROR, a.outcome) if failed else b"")
+        return b, (named(f"{op} {model or a.name}", CLIENT), status(ERROR, a.outcome) if failed else b"")
 
 
 def _request_head(f: Finished, d: Decision | None, route: str) -> Head:
@@ -168,20 +163,13 @@ def _request_head(f: Finished, d: Decision | None, route: str) -> Head:
         a += known("error.type", f.error or str(f.status))
         if f.status >= 500:  # a server span's error: the gateway's, not the client's
             failure = status(ERROR, f.error or str(f.status))
-    return a, (field(5, f"{op} {route}".encode("utf-8", "replace")) + _KIND[SERVER], failure)
+    return a, (named(f"{op} {route}", SERVER), failure)
 
 
-def _assemble(hi: int, lo: int, span_id: int, parent_id: int | None, state: str | None, fixed: tuple[bytes, bytes],
-              start: int, end: int, attributes: bytes) -> bytes:
-    """A ``Span``: ids, the trace state, the parent, name and kind, times, attributes, status."""
-    return b"".join((_IDS(b"\x0a\x10", hi, lo, b"\x12\x08", span_id),
-                     b"" if state is None else _state(state),
-                     b"" if parent_id is None else _PARENT(b"\x22\x08", parent_id),
-                     fixed[0], _TIMES(0x39, start, 0x41, end), attributes, fixed[1]))
-
-
-def _state(state: str) -> bytes:
-    return field(3, state.encode())
+@functools.lru_cache(maxsize=64)
+def _state(state: str | None) -> bytes:
+    """``Span.trace_state`` (field 3) as the caller sent it; most requests have none."""
+    return b"" if state is None else field(3, state.encode())
 
 
 def _usage(d: Decision) -> bytes:

@@ -82,11 +82,14 @@ class Traces:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="firstbyte-traces")
 
-    async def _batch(self) -> list[bytes]:
-        """Up to about BATCH spans from the queue, encoded SLICE records per turn of the loop."""
+    async def _batch(self) -> tuple[list[bytes], int]:
+        """Up to about BATCH spans from the queue, encoded SLICE records per turn of the loop, and
+        how many records they came from."""
         spans: list[bytes] = []
+        taken = 0
         while self.queue and len(spans) < BATCH:
             for _ in range(min(SLICE, len(self.queue))):
+                taken += 1
                 f = self.queue.popleft()
                 self.queued -= 1 if f.decision is None else 1 + len(f.decision.attempts)
                 try:
@@ -95,23 +98,31 @@ class Traces:
                     log.exception("tracing: a span could not be encoded")
             if self.queue and len(spans) < BATCH:
                 await asyncio.sleep(0)
-        return spans
+        return spans, taken
 
     async def _run(self) -> None:
+        """Post at each tick what was queued by then, and a full batch as soon as there is one.
+        What arrives while a post is out waits for the next of those: under a steady stream of
+        requests the posts carry full batches, not the few requests that came during the last."""
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
             while True:
-                with contextlib.suppress(TimeoutError):
+                ticked = False
+                try:
                     async with asyncio.timeout(self.tracing.export_every):
                         await self._full.wait()
+                except TimeoutError:
+                    ticked = True
                 self._full.clear()
-                while self.queue:
-                    await self._send(session)
+                due = len(self.queue) if ticked else 0  # the records the tick sends, however few
+                while self.queue and (due > 0 or self.queued >= BATCH):
+                    due -= await self._send(session)
 
-    async def _send(self, session: aiohttp.ClientSession) -> None:
-        """One batch to the collector; a failure drops it (with a warning at most once a minute)."""
-        batch = await self._batch()
+    async def _send(self, session: aiohttp.ClientSession) -> int:
+        """One batch to the collector; a failure drops it (with a warning at most once a minute).
+        Returns how many records it took from the queue."""
+        batch, taken = await self._batch()
         if not batch:
-            return
+            return taken
         body = export_request(self._resource, self._scope, batch)
         problem = None
         try:
@@ -129,6 +140,7 @@ class Traces:
                 self._warned = now
                 log.warning("tracing: the collector at %s %s; %d spans dropped so far", self.url, problem,
                             self.failed + self.dropped)
+        return taken
 
     async def close(self) -> None:
         """Send what is queued, waiting at most CLOSE_WAIT: a dead collector does not hold up a stop."""

@@ -149,7 +149,15 @@ def _unknown_route(name: str, routes: Any) -> web.Response:
 
 
 async def explain(request: web.Request) -> web.Response:
-    """The order a request would get now, without exploring: the very same plan()."""
+    """The order a request would get now, without exploring: the very same plan(). Its answer, like
+    every routed one, carries an ``x-request-id``: the plan's decision id, in the access log too."""
+    rid = request_id(request)
+    response = _explained(request, rid)
+    response.headers["x-request-id"] = rid
+    return response
+
+
+def _explained(request: web.Request, rid: str) -> web.Response:
     gw = request.app[GATEWAY]
     name = request.match_info["route"]
     config = gw.config
@@ -165,7 +173,7 @@ async def explain(request: web.Request) -> web.Response:
         body = error_body(f"mode must be one of {', '.join(MODES)}, not '{mode}'.", "invalid_request_error",
                           code="invalid_mode", param="mode")
         return error_response(400, body)
-    planned = plan(config, Ask("explain", name, op=op, mode=mode), gw.state, now, rng, explore=False)
+    planned = plan(config, Ask(rid, name, op=op, mode=mode), gw.state, now, rng, explore=False)
     d = planned.decision
     signals, basis = _signals(gw, route, planned.targets, now, op, mode)
     taken = {f.target.name: f for f in gw.state.snapshot(config, now) if f.route == name}

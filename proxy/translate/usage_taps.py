@@ -45,6 +45,8 @@ def _usage_objects(block: bytes) -> list[int]:
     return found
 
 
+# A finish_reason that ends a choice; OpenRouter's "error" ends it in failure (as first_token.py reads it).
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"(?!error")')
 DONE_TAIL = 32  # the [DONE] event is the block's last event when it is there: look at the tail only
 
 
@@ -55,6 +57,7 @@ class OpenAIUsageTap:
         self.keep = keep_usage_chunk
         self.usage: dict[str, int] | None = None
         self.done = False
+        self._finished = False  # a choice has said its finish_reason: the answer is whole without [DONE]
         self._framer = EventFramer()
 
     def feed(self, data: bytes) -> bytes:
@@ -63,7 +66,9 @@ class OpenAIUsageTap:
         block = data if not framer.holding and data.endswith(b"\n\n") else framer.complete(data)
         block = answer_lines(block)  # no comment's text, no id: line (they are not the answer)
         if b"[DONE]" in block[-DONE_TAIL:]:
-            self.done = True  # (an upstream that ends without it is done at finish() anyway)
+            self.done = True
+        elif not self._finished and _FINISHED.search(block) is not None:
+            self._finished = True
         if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
             _raise_on_error_envelope(block)
         if b'"usage"' not in block:
@@ -88,9 +93,13 @@ class OpenAIUsageTap:
         return block
 
     def finish(self) -> bytes:
-        """An upstream that ended without ``[DONE]`` is passed on as it is: not ours to judge."""
-        self.done = True
-        return answer_lines(self._framer.rest())
+        """The upstream's body ended without ``[DONE]``. The answer is whole when a choice has said
+        its ``finish_reason`` (some OpenAI-compatible servers end so: TGI before 2.2, mistral.rs,
+        llama-box, text-generation-webui had releases without ``[DONE]``); else it is a cut, which
+        the relay tells the client and counts (it stays not ``done``)."""
+        rest = answer_lines(self._framer.rest())
+        self.done = self._finished or _FINISHED.search(rest) is not None
+        return rest
 
     def error_event(self, message: str) -> bytes:
         return openai_error_event(message)

@@ -70,13 +70,15 @@ class MalformedAnswer(aiohttp.ClientError):
 
 
 class BadStatus(aiohttp.ClientError):
-    """A final status firstbyte never passes on: a protocol switch, a redirect, or a number HTTP
+    """A final status firstbyte never passes on: a protocol switch, a redirect, a 304, or a number HTTP
     does not define. A client that got it would act on it (the anthropic SDK followed a relayed
     307 and posted the prompt to the address in ``Location``)."""
 
     def __init__(self, status: int) -> None:
         if status == 101:
             did = "switched protocols (101)"
+        elif status == 304:
+            did = "answered 304 (not modified) to a request that asked for no cached copy"
         elif 300 <= status < 400:
             did = f"answered {status}, a redirect, which firstbyte neither follows nor passes on"
         else:

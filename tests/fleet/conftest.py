@@ -92,7 +92,7 @@ def config(redis: RedisServer, fleet: str, urls: dict[str, str], strategy: str =
         "providers": {n: {"kind": "openai", "base_url": u + "/v1", "timeouts": {"connect": 1, "first_chunk": 2}}
                       for n, u in urls.items()},
         "routes": {"chat": {"strategy": strategy, "cooldown": {"failures": failures, "secs": 30},
-                            "fastest": {"explore": 0},
+                            "fastest": {"explore": 0}, "hedge": False,  # the calls the unraced walk makes
                             "targets": [{"provider": n, "model": "m"} for n in urls]}},
     }
 

@@ -89,3 +89,39 @@ async def test_healthz_and_the_ops_listener_stay_open(keyed: Listeners) -> None:
 async def test_without_client_keys_every_probe_is_open(open_gateway: Listeners) -> None:
     assert (await get(open_gateway.url + "/metrics"))[0] == 200
     assert "config" in orjson.loads((await get(open_gateway.url + "/readyz"))[1])
+
+
+async def test_explain_answers_carry_a_request_id_on_both_listeners(keyed: Listeners) -> None:
+    """Every answer carries ``x-request-id`` (the decision's id for a planned one); explain had none,
+    and its plan's decision was called ``explain``."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(keyed.ops_url + "/v1/routes/secret-route/explain") as resp:
+            rid, body = resp.headers.get("x-request-id"), await resp.json()
+        assert resp.status == 200 and rid and body["decision"].startswith(f"id={rid};"), (rid, body)
+        async with s.get(keyed.ops_url + "/v1/routes/secret-route/explain",
+                         headers={"x-request-id": "mine-1"}) as resp:
+            assert resp.headers.get("x-request-id") == "mine-1"
+        for url, headers in ((keyed.ops_url + "/v1/routes/nope/explain", {}),
+                             (keyed.ops_url + "/v1/routes/secret-route/explain?mode=x", {}),
+                             (keyed.url + "/v1/routes/secret-route/explain", {"authorization": f"Bearer {KEY}"})):
+            async with s.get(url, headers=headers) as resp:
+                assert resp.headers.get("x-request-id"), (url, resp.status)
+
+
+async def test_cli_explain_from_a_config_asks_the_ops_listener(keyed: Listeners, tmp_path, capsys) -> None:
+    """``firstbyte explain ROUTE --config FILE`` from an operator's shell: with client keys the main
+    listener answers 401 without ``--key``; the ops listener explains without one, so a file that
+    has ``ops_listen`` is asked there."""
+    import asyncio
+
+    from proxy.cli import main
+
+    main_port, ops_port = keyed.url.rsplit(":", 1)[1], keyed.ops_url.rsplit(":", 1)[1]
+    config = tmp_path / "routes.yaml"
+    config.write_text(f"listen: 127.0.0.1:{main_port}\nops_listen: 127.0.0.1:{ops_port}\n"
+                      "clients: {keys_env: KEYS}\nproviders: {secret-provider: {kind: simulated}}\n"
+                      "routes: {secret-route: {targets: [{provider: secret-provider, model: m}]}}\n")
+    code = await asyncio.to_thread(main, ["explain", "secret-route", "--config", str(config)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "route secret-route" in out

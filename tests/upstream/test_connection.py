@@ -154,7 +154,7 @@ async def test_interim_answers_are_bounded_in_count_and_bytes(heads: bytes, refu
     pytest.param(b"101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade", "switched protocols", id="101"),
     pytest.param(b"307 Temporary Redirect\r\nLocation: http://third.party/v1/messages", "a redirect", id="307"),
     pytest.param(b"301 Moved Permanently\r\nLocation: https://elsewhere/", "a redirect", id="301"),
-    pytest.param(b"304 Not Modified", "a redirect", id="304"),
+    pytest.param(b"304 Not Modified", "304 (not modified)", id="304"),
     pytest.param(b"600 Beyond", "does not define", id="600"),
     pytest.param(b"099 Below", "does not define", id="099"),
     pytest.param(b"999 Far", "does not define", id="999"),
