@@ -8,6 +8,7 @@ traceback: :class:`CliError` carries that line to :func:`main`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import logging
 import os
@@ -120,12 +121,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = 1 if args.worker is not None else _workers(args, config)
 
     async def main() -> int:
-        if workers > 1:
-            return await Supervisor(args.config, config, args.listen, workers, args.log_level).serve()
         box = Box.from_env(args.worker) if args.worker is not None else None
         return await Service(args.config, config, args.listen, box).serve()
 
     try:
+        if workers > 1:  # plain asyncio and no threads: its workers are forked (proxy/forked.py)
+            return asyncio.run(Supervisor(args.config, config, args.listen, workers, args.log_level).serve())
         return run(main)
     except OSError as exc:
         raise _cannot_listen("serve", args.listen or config.listen, exc) from None
@@ -173,6 +174,17 @@ def _fleet_words(data: dict[str, Any]) -> str:
     return words + (f"  worker {box['worker']} of {box['workers']}" if box else "")
 
 
+def _last_words(last: dict[str, Any]) -> str:
+    """``figure streamed sample by INSTANCE at TIME; breaker opened by ...``: which instance's event
+    last changed each (``this instance`` outside a fleet)."""
+    parts = []
+    for part in ("figure", "breaker"):
+        seen = last.get(part)
+        if seen:
+            parts.append(f"{part} {seen['what']} by {seen['by'] or 'this instance'} at {seen['at']}")
+    return "; ".join(parts)
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     base = _gateway_url(args)
     if base is None:
@@ -206,21 +218,29 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(_table(rows, ["#", "target", "why", "streamed", "samples", "buffered", "samples"]))
     for e in data["excluded"]:
         print(f"excluded {e['target']}: {e['reason']}")
+    for o in [*data["order"], *data["excluded"]]:
+        words = _last_words(o.get("last") or {})
+        if words:
+            print(f"last {o['target']}: {words}")
     hedge = data.get("hedge")
     if hedge is not None:
-        if hedge["leader"] is None:
-            when = "no eligible target"
-        elif hedge["learner"] is not None:
-            when = (f"{hedge['learner']} is to be measured beside {hedge['leader']}, free the first time, "
-                    "else on the budget: no timed hedge then")
-        elif hedge["delay_s"] is None:
-            when = f"too few samples of {hedge['leader']} to hedge by time"
-        else:
-            when = f"now {hedge['delay_s']:.3f}s on {hedge['leader']}"
-        print(f"hedge after {hedge['after']} ({when}); budget {hedge['budget_tokens']:.2f} "
-              f"tokens, {hedge['budget_refused']} refused, max_extra {hedge['max_extra']:g}; "
-              f"explore {'on' if hedge['explore'] else 'off'}, refresh {hedge['refresh_s']:g}s, cap {hedge['cap']:g}x")
+        print(_hedge_line(hedge))
     return 0
+
+
+def _hedge_line(hedge: dict[str, Any]) -> str:
+    if hedge["leader"] is None:
+        when = "no eligible target"
+    elif hedge["learner"] is not None:
+        when = (f"{hedge['learner']} is to be measured beside {hedge['leader']}, free the first time, "
+                "else on the budget: no timed hedge then")
+    elif hedge["delay_s"] is None:
+        when = f"too few samples of {hedge['leader']} to hedge by time"
+    else:
+        when = f"now {hedge['delay_s']:.3f}s on {hedge['leader']}"
+    return (f"hedge after {hedge['after']} ({when}); budget {hedge['budget_tokens']:.2f} "
+            f"tokens, {hedge['budget_refused']} refused, max_extra {hedge['max_extra']:g}; "
+            f"explore {'on' if hedge['explore'] else 'off'}, refresh {hedge['refresh_s']:g}s, cap {hedge['cap']:g}x")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -22,13 +22,13 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from .config import Config, load_config
 from .errors import ConfigError
+from .forked import Forked, fork
 from .sdnotify import Notifier
 
 __all__ = ["PARENT_ENV", "RUN_DIR_ENV", "WORKERS_ENV", "Supervisor", "follow_parent"]
@@ -66,6 +66,16 @@ def follow_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+async def _preload() -> None:
+    """Done once here, not at every worker's start: the workers are forked after it and inherit
+    the aiohttp internals' check (a probe server and client) and the TLS context (the CA store)."""
+    from .internals import checked
+    from .upstream.http1 import default_tls
+
+    await checked()
+    default_tls()
+
+
 class Worker:
     """One worker slot: its process now, its notify socket and what it last said."""
 
@@ -75,7 +85,7 @@ class Worker:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(self.notify_path))
         self.sock.setblocking(False)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Forked | None = None
         self.started = 0.0
         self.ready = asyncio.Event()
         self.backoff = 0.0
@@ -112,14 +122,18 @@ class Supervisor:
         self._all_ready_once = False  # a worker that dies before the box first listened ends the box
 
     async def _spawn(self, worker: Worker) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("WATCHDOG_USEC", "WATCHDOG_PID")}
-        env.update({"NOTIFY_SOCKET": str(worker.notify_path), RUN_DIR_ENV: str(self.run_dir),
-                    WORKERS_ENV: str(self.count), PARENT_ENV: str(os.getpid())})
+        """Fork a worker from this process, which has imported the server already (a replaced
+        worker starts in well under a second: docs/workers.md has the measurements)."""
+        from .cli import main
+
+        argv = ["--log-level", self.log_level, "serve", "--config", self.config_path, "--listen", self.listen,
+                "--worker", str(worker.index)]
+        env = {"NOTIFY_SOCKET": str(worker.notify_path), RUN_DIR_ENV: str(self.run_dir),
+               WORKERS_ENV: str(self.count), PARENT_ENV: str(os.getpid())}
         worker.ready.clear()
         worker.started = time.monotonic()
-        worker.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy.cli", "--log-level", self.log_level, "serve", "--config",
-            self.config_path, "--listen", self.listen, "--worker", str(worker.index), env=env)
+        worker.proc = fork(lambda: main(argv), env, ("WATCHDOG_USEC", "WATCHDOG_PID"),
+                           [w.sock for w in self.workers])
         log.info("worker %d started (pid %d)", worker.index, worker.proc.pid)
 
     async def _watch(self, worker: Worker) -> None:
@@ -167,7 +181,7 @@ class Supervisor:
         self.notifier.reloading()
         try:
             try:
-                config = await asyncio.to_thread(load_config, self.config_path)
+                config = load_config(self.config_path)  # here, not in a thread: workers are forked
             except ConfigError as exc:
                 log.error("reload refused, every worker keeps the running config: %s", exc)
                 return False
@@ -218,6 +232,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         try:
+            await _preload()
             for w in self.workers:
                 await self._spawn(w)
             watches = [loop.create_task(self._watch(w)) for w in self.workers]

@@ -47,19 +47,22 @@ class TraceContext:
     """One request's trace: its ids, and the span id and start of each upstream attempt.
 
     The walker calls :meth:`attempt` once per try; the tracing observer later pairs those with
-    the decision's attempts (by target, in order) to give each its span."""
+    the decision's attempts (by target, in order) to give each its span. A caller's trace that it
+    does not sample is only carried on: every attempt sends the caller's own ``traceparent``
+    (``forward``), with no ids drawn and nothing recorded, since no span of it is ever written."""
 
-    __slots__ = ("attempts", "parent_id", "sampled", "span_id", "t0", "trace_id", "tracestate")
+    __slots__ = ("attempts", "forward", "parent_id", "sampled", "span_id", "t0", "trace_id", "tracestate")
 
     def __init__(self, trace_id: int, parent_id: int | None, sampled: bool, tracestate: str | None,
-                 t0: float) -> None:
+                 t0: float, span_id: int = 0) -> None:
         self.t0 = t0  # the request's arrival on the gateway's clock, which attempt starts are read on
         self.trace_id = trace_id
         self.parent_id = parent_id  # the caller's span, when it sent a traceparent
-        self.span_id = self.new_span_id()  # the request's span
+        self.span_id = span_id or (self.new_span_id() if sampled else 0)  # the request's span
         self.sampled = sampled
         self.tracestate = tracestate
         self.attempts: list[tuple[str, int, float]] = []  # (target, span id, monotonic start)
+        self.forward = None if sampled else f"00-{trace_id:032x}-{parent_id or 0:016x}-00"
 
     @staticmethod
     def new_span_id() -> int:
@@ -67,10 +70,13 @@ class TraceContext:
 
     def attempt(self, target: str, started: float, request: UpstreamRequest) -> UpstreamRequest:
         """``request`` with this attempt's ``traceparent`` (and the caller's ``tracestate``)."""
-        span_id = self.new_span_id()
-        self.attempts.append((target, span_id, started))
         headers = dict(request.headers)
-        headers["traceparent"] = f"00-{self.trace_id:032x}-{span_id:016x}-{'01' if self.sampled else '00'}"
+        if self.forward is None:
+            span_id = _ids.getrandbits(64) or 1
+            self.attempts.append((target, span_id, started))
+            headers["traceparent"] = f"00-{self.trace_id:032x}-{span_id:016x}-01"
+        else:
+            headers["traceparent"] = self.forward
         if self.tracestate is not None:
             headers["tracestate"] = self.tracestate
         return UpstreamRequest(request.method, request.url, headers, request.body, request.extra)
@@ -80,11 +86,16 @@ def begin(headers: Mapping[str, str], sample: float, t0: float) -> TraceContext 
     """The trace a request joins (its caller's) or starts (kept with probability ``sample``);
     ``t0``: its arrival on the gateway's clock. None for a new trace the sample leaves out: with
     no caller to carry it on for and nothing to record, the request goes on as if untraced."""
-    parsed = parse_traceparent(headers.get("traceparent"))
+    value = headers.get("traceparent")
+    parsed = parse_traceparent(value) if value else None
     if parsed is None:
         if sample < 1.0 and _ids.random() >= sample:
             return None
-        return TraceContext(_ids.getrandbits(128) or 1, None, True, None, t0)
+        ids = _ids.getrandbits(192)  # the trace's 128 bits and the request span's 64, in one draw
+        return TraceContext(ids >> 64 or 1, None, True, None, t0, ids & _SPAN_BITS)
     trace_id, parent_id, sampled = parsed
     state = headers.get("tracestate")
     return TraceContext(trace_id, parent_id, sampled, state if state and _TRACESTATE.match(state) else None, t0)
+
+
+_SPAN_BITS = (1 << 64) - 1

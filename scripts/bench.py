@@ -143,13 +143,17 @@ FB_PID: int | None = None  # firstbyte's process (the supervisor with --workers)
 REDIS: str | None = None  # --redis: the firstbyte processes run as a fleet of one on this Redis
 
 
-def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: float = 1.0) -> dict[str, Any]:
+def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: float = 1.0,
+                     export_every: float | None = None) -> dict[str, Any]:
     """Route ``one`` (one target) and ``five`` (five providers), both ``fastest`` with ``hedge`` on (as
     routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``;
     with ``otlp``, requests traced to that collector (``sample`` of them, every one by default)."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
+    tracing: dict[str, Any] = {"otlp": otlp, "sample": sample}
+    if export_every is not None:
+        tracing["export_every"] = export_every
     return {
-        **({"tracing": {"otlp": otlp, "sample": sample}} if otlp else {}),
+        **({"tracing": tracing} if otlp else {}),
         "listen": f"127.0.0.1:{port}",
         "access_log": {"format": "text", "path": "/dev/null"},
         **({"state": {"redis": REDIS, "fleet": f"bench-{port}"}} if REDIS else {}),
@@ -185,6 +189,8 @@ class Seeing:
         seen = self.seen = {"batches": 0, "bytes": 0, "polls": 0, "poll_errors": 0}
 
         class Sink(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a collector's is: one connection for every export
+
             def do_POST(self) -> None:
                 seen["bytes"] += len(self.rfile.read(int(self.headers.get("content-length", 0))))
                 seen["batches"] += 1

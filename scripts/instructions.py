@@ -13,9 +13,12 @@ throughput. Needs valgrind (Debian package ``valgrind``).
     scripts/instructions [--calls 300] [--other NAME=DIR ...] [--unhedged NAME ...] [--see] [--redis URL]
 
 ``--see`` adds ``firstbyte-see``: this code with every request traced to a loopback OTLP sink and
-the status page's data polled every second (``scripts/bench --see``), and ``firstbyte-traces``, traced
-alone; their counts include the export and the polls. Under callgrind a call is slow, so a poll a
-second falls on far fewer calls than it would at full speed: the polls' share is overstated.
+the status page's data polled every second (``scripts/bench --see``), ``firstbyte-traces``, traced
+alone, and ``firstbyte-status``, the page polled alone; their counts include the exports and the
+polls that fell in the counted window (printed on stderr). Under callgrind a call is about 100
+times slower, so what happens per second (a poll, an export every ``export_every``) falls on far
+fewer calls than at full speed and its share is overstated: ``--see-every 60`` leaves only the
+exports a full batch of 512 spans triggers, as at any rate above about 1,000 calls a second.
 
 ``--other`` adds a firstbyte whose ``proxy`` package is in DIR (put first on
 PYTHONPATH), to compare two versions of the code in one run.
@@ -35,6 +38,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 
+SEEING = ("firstbyte-traces", "firstbyte-status", "firstbyte-see")
+
 
 def callgrind(args: list[str], out: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
@@ -52,18 +57,24 @@ def total_instructions(out: Path) -> int:
 
 
 def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: bench.Loadgen, tmp: Path,
-            stream: bool, calls: int) -> float:
+            stream: bool, calls: int, seen: dict[str, int] | None = None) -> float:
+    """Instructions per call; ``seen``: the sink's and poller's counts, whose counted window's share
+    is printed."""
     out = tmp / f"callgrind-{name}-{'stream' if stream else 'buffer'}.out"
     proc = callgrind(args, out, env, tmp / f"{name}.log")
     try:
-        bench.wait_port(port, proc, timeout=120)
+        bench.wait_port(port, proc, timeout=300)  # valgrind on a busy box starts slowly
         url = f"http://127.0.0.1:{port}{bench.PATH}"
         body = dict(bench.BODY, model="one", stream=stream)
         run = {"op": "run", "url": url, "body": body, "stream": stream, "concurrency": 16, "warmup": 0}
         gen.call({**run, "requests": 200})
+        before = dict(seen or {})
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
         gen.call({**run, "requests": calls})
         subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+        if seen is not None:
+            window = {k: v - before[k] for k, v in seen.items()}
+            print(f"{name} {'streamed' if stream else 'buffered'}, in the counted window: {window}", file=sys.stderr)
     finally:
         proc.terminate()
         proc.wait(60)
@@ -78,8 +89,10 @@ def main() -> int:
     p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
                    help="another firstbyte whose proxy package is in DIR")
     p.add_argument("--see", action="store_true", help="add firstbyte-see: tracing on and the status page polled, "
-                   "and firstbyte-traces: tracing on alone")
+                   "firstbyte-traces: tracing on alone, and firstbyte-status: the page polled alone")
     p.add_argument("--see-sample", type=float, default=1.0, help="tracing.sample for the --see versions")
+    p.add_argument("--see-every", type=float, default=None, metavar="SECONDS",
+                   help="tracing.export_every for the --see versions (60: only full batches are posted)")
     p.add_argument("--unhedged", nargs="*", default=[], metavar="NAME",
                    help="versions whose routes leave out hedge (code from before it knows no such key); "
                         "'firstbyte-unhedged' adds this code without it")
@@ -102,6 +115,7 @@ def main() -> int:
             versions["firstbyte-fleet"] = None
         if args.see:
             versions["firstbyte-traces"] = None
+            versions["firstbyte-status"] = None
             versions["firstbyte-see"] = None
         for stream in (False, True):
             kind = "streamed" if stream else "buffered"
@@ -113,8 +127,10 @@ def main() -> int:
             for name, path in versions.items():
                 port = bench.free_port()
                 config_path = tmp / f"{name}.json"  # JSON is YAML
-                seeing = bench.Seeing() if name in ("firstbyte-see", "firstbyte-traces") else None
-                config = bench.firstbyte_config(port, sim, seeing.otlp if seeing else None, args.see_sample)
+                seeing = bench.Seeing() if name in SEEING else None
+                traced = seeing is not None and name != "firstbyte-status"
+                config = bench.firstbyte_config(port, sim, seeing.otlp if traced and seeing else None,
+                                                args.see_sample, args.see_every)
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")
@@ -124,12 +140,13 @@ def main() -> int:
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
                 if seeing is not None:
-                    seeing.watch(port, poll=name == "firstbyte-see")
+                    seeing.watch(port, poll=name != "firstbyte-traces")
                 try:
-                    rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls)
+                    rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls,
+                                                              seeing.seen if seeing else None)
                 finally:
                     if seeing is not None:
-                        print(f"{name} {kind}: {seeing.close()}", file=sys.stderr)
+                        seeing.close()
     finally:
         if gen is not None:
             gen.close()

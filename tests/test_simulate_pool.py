@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.conftest import make_config, ok_handler
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -148,3 +151,72 @@ def test_under_load_x_choice_counts_the_calls_still_waiting_at_the_target(pool: 
     oracle_run = pool.summarise(calls("A", [45.0] * 10, oracle_ms=40.0, served_ms=40.0), None, None, True)
     run = pool.summarise(calls("A", [50.0] * 10, oracle_ms=15.0, served_ms=44.0), None, oracle_run, True)
     assert (oracle_run["choice_vs_sched"], run["choice_vs_sched"]) == (1.0, pytest.approx(44.0 / 40.0))
+
+
+@pytest.fixture(scope="module")
+def direct(pool: ModuleType) -> ModuleType:
+    """scripts/pool_direct.py (``simulate-pool --direct``), as the script imports it."""
+    return sys.modules["pool_direct"]
+
+
+async def test_the_direct_client_calls_the_scheduled_best_upstream_itself(direct: ModuleType, upstreams) -> None:
+    ups = {n: await upstreams({"/v1/chat/completions": ok_handler()}) for n in "ABC"}
+    urls = {n: f"{up.url}/v1/chat/completions" for n, up in ups.items()}
+    # By the schedule B is best, then C from half-way; A never.
+    scenario = {"A": {"first_chunk_ms": 30}, "B": {"first_chunk_ms": 20},
+                "C": {"first_chunk_ms": 40, "steps": [{"at": 0.5, "first_chunk_ms": 10}]}}
+    span = 0.6
+    now = time.monotonic()
+    done = await direct.client(direct.DIRECT, urls, 2, now + span, dict.fromkeys("ABC", now), scenario, span)
+    assert done and all(c["ok"] and c["extra"] == 0 for c in done)
+    assert all(c["served"] == c["oracle"] for c in done)
+    assert {c["oracle"] for c in done} == {"B", "C"}
+    assert {n: len(up.calls) for n, up in ups.items()} == {n: sum(c["oracle"] == n for c in done) for n in "ABC"}
+
+
+def test_each_strategy_is_the_shipped_route_with_its_hedge_as_the_reader_takes_it(direct: ModuleType) -> None:
+    shipped = direct.shipped_route()
+    chat = make_config({"providers": {"p": {"kind": "simulated"}},
+                        "routes": {"chat": {"strategy": "fastest", "targets": [{"provider": "p", "model": "m"}],
+                                            **shipped}}}).routes["chat"]
+    assert shipped["hedge"]["after"] == "p90" and chat.hedge is not None  # routes.yaml races
+    providers = {n: {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"} for n in "ABC"}
+    config = make_config({"providers": providers, "routes": direct.routes(shipped)})
+    assert config.routes["shipped"].hedge == chat.hedge
+    assert config.routes["measure"].hedge is not None and config.routes["measure"].hedge.after_secs == 600
+    assert config.routes["off"].hedge is None
+    assert config.routes["oracle"].strategy == "ordered"
+    assert "hedge" not in direct.routes(shipped)["unset"]  # the route says nothing: the reader's default
+
+
+def direct_calls(ttfc: list[float], served: str = "A", extra: int = 0, t0: float = 0.0) -> list[dict]:
+    return [{"t": t0 + i * 0.01, "ok": True, "served": served, "oracle": "A", "oracle_ms": 20.0, "ttfc_ms": ms,
+             "extra": extra} for i, ms in enumerate(ttfc)]
+
+
+@pytest.mark.parametrize(("ttfc", "extra", "x_direct", "dup", "verdict"), [
+    pytest.param([21.0] * 10, 0, 21 / 20, 0.0, "met (<= 1.05)", id="at-the-line"),
+    pytest.param([22.0] * 10, 0, 22 / 20, 0.0, "MISSED (<= 1.05)", id="too-slow"),
+    pytest.param([20.0] * 10, 1, 1.0, 1.0, "MISSED (<= 1.05)", id="every-call-duplicated"),
+])
+def test_a_strategy_reads_against_the_direct_client_of_the_same_run(
+        direct: ModuleType, ttfc: list[float], extra: int, x_direct: float, dup: float, verdict: str) -> None:
+    reps = [{"calls": {"direct": direct_calls([20.0] * 10), "shipped": direct_calls(ttfc, extra=extra)},
+             "shift_t": None}]
+    res = direct.pool(reps, ["direct", "shipped"])
+    assert res["pooled"]["shipped"]["x_direct"] == pytest.approx(x_direct)
+    assert res["pooled"]["shipped"]["dup_share"] == dup
+    assert res["pooled"]["shipped"]["x_sched"] == pytest.approx(statistics.fmean(ttfc) / 20.0)
+    assert direct.table({"steady": res}, ["direct", "shipped"])[2].endswith(f"| {verdict} |")
+
+
+def test_after_the_shift_each_repeat_reads_from_its_own_shift(direct: ModuleType) -> None:
+    early = {"direct": direct_calls([20.0] * 10) + direct_calls([20.0] * 10, t0=1.0),
+             "unset": direct_calls([20.0] * 10) + direct_calls([60.0] * 10, t0=1.0)}
+    late = {"direct": direct_calls([20.0] * 10) + direct_calls([20.0] * 10, t0=2.0),
+            "unset": direct_calls([40.0] * 10) + direct_calls([20.0] * 10, t0=2.0)}
+    res = direct.pool([{"calls": early, "shift_t": 1.0}, {"calls": late, "shift_t": 2.0}], ["direct", "unset"])
+    assert [r["unset"]["x_direct_after"] for r in res["repeats"]] == [3.0, 1.0]
+    assert res["pooled"]["unset"]["x_direct_after"] == pytest.approx(2.0)
+    assert res["pooled"]["unset"]["x_direct"] == pytest.approx(35.0 / 20.0)
+    assert "[1.00-3.00]" in direct.table({"s": res}, ["direct", "unset"])[2]

@@ -47,3 +47,12 @@ def test_a_new_trace_is_started_by_the_sample() -> None:
     assert begin({}, 0.0, t0=0.0) is None  # left out: no ids, no traceparent upstream
     unsampled_caller = begin({"traceparent": f"00-{TRACE}-{SPAN}-00"}, 1.0, t0=0.0)
     assert unsampled_caller is not None and not unsampled_caller.sampled  # the caller's context goes on
+
+
+def test_a_callers_unsampled_trace_is_carried_on_as_it_came_with_nothing_drawn_or_kept() -> None:
+    ctx = begin({"traceparent": f"00-{TRACE}-{SPAN}-00", "tracestate": "v=1"}, 1.0, t0=0.0)
+    assert ctx is not None
+    request = UpstreamRequest("POST", "http://u/v1/chat/completions", {"content-type": "application/json"}, b"{}")
+    sent = ctx.attempt("a", 0.1, request)
+    assert sent.headers["traceparent"] == f"00-{TRACE}-{SPAN}-00" and sent.headers["tracestate"] == "v=1"
+    assert ctx.attempts == []  # no span of it is ever written: nothing to pair

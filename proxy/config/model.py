@@ -267,6 +267,7 @@ class Tracing:
     sample: float = 1.0
     service_name: str = "firstbyte"
     queue: int = 2048  # spans held for the exporter; more are dropped, never waited for
+    export_every: float = 0.5  # seconds a span waits at most to be posted; a full batch goes at once
 
 
 @dataclass(frozen=True, slots=True)

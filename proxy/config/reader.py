@@ -260,14 +260,18 @@ def _route(r: Reader, name: str, raw: Any, providers: Mapping[str, Provider]) ->
         min_quality=r.number(data, "min_quality", path, default(Route, "min_quality"), low=0, high=1),
         cooldown=cooldown,
         score=score,
-        hedge=_hedge(r, data.get("hedge"), f"{path}.hedge"),
+        hedge=_hedge(r, data.get("hedge", {} if strategy == "fastest" else None), f"{path}.hedge"),
         fail_over_on=r.statuses(data, "fail_over_on", path),
     )
 
 
 def _hedge(r: Reader, raw: Any, path: str) -> Hedge | None:
-    if raw is None:
+    """``hedge:``; a ``fastest`` route that says nothing races with the defaults (docs/routing.md, "The
+    default"): without racing, a shift in the targets' speeds is seen only by chance; ``false`` turns it off."""
+    if raw is None or raw is False:
         return None
+    if raw is True:
+        raw = {}
     data = r.mapping(raw, path, ("after", "max_extra", "explore", "refresh", "cap"))
     after = data.get("after", f"p{default(Hedge, 'after_percentile')}")
     secs: float | None = None

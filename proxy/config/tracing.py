@@ -15,7 +15,7 @@ from .model import Tracing
 __all__ = ["tracing_section"]
 
 _TRACING: dict[str, Spec] = {"otlp": Text(), "sample": Num(low=0, high=1), "service_name": Text(),
-            "queue": Num(low=1, high=1_000_000, integer=True)}
+            "queue": Num(low=1, high=1_000_000, integer=True), "export_every": Num(low=0.01, high=60)}
 
 
 def tracing_section(r: Reader, raw: Any) -> Tracing | None:

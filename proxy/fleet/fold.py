@@ -15,9 +15,15 @@ from ..state import State
 from ..state.breaker import MAX_COOLDOWN
 from .wire import Wire
 
-__all__ = ["Peers", "fold"]
+__all__ = ["Peers", "fold", "split"]
 
 PEER_LOAD_SECS = 2.0  # a peer's in-flight counts stand this long unless renewed
+
+
+def split(limit: int, members: int, rank: int) -> int:
+    """The part of a fleet-wide limit for the member at ``rank`` (0-based, in the members' names'
+    order): an even split, the first ``limit % members`` one more, so the parts sum to the limit."""
+    return limit // members + (rank < limit % members)
 
 
 class Peers:
@@ -25,13 +31,28 @@ class Peers:
 
     def __init__(self) -> None:
         self.loads: dict[str, tuple[dict[str, int], float]] = {}  # instance -> (fid -> count, valid until)
+        self._members: tuple[str, ...] = ()  # the live ones, sorted; recomputed when they may change
+        self._until = -math.inf
 
-    def heard(self, instance: str, loads: Any, now: float) -> None:
+    def heard(self, instance: str, loads: Any, now: float, at: float | None = None) -> None:
+        """``at``: when the peer told it (this process's clock); it stands PEER_LOAD_SECS from then."""
         if instance not in self.loads:  # a newcomer: forget the instances that went quiet (restarts)
             self.loads = {i: v for i, v in self.loads.items() if v[1] > now - 60.0}
         if isinstance(loads, dict):
-            self.loads[instance] = ({str(k): int(v) for k, v in loads.items() if isinstance(v, int)},
-                                    now + PEER_LOAD_SECS)
+            until = (now if at is None else at) + PEER_LOAD_SECS
+            old = self.loads.get(instance)
+            self.loads[instance] = ({str(k): int(v) for k, v in loads.items() if isinstance(v, int)}, until)
+            if (old is None or old[1] <= now) and until > now:
+                self._until = -math.inf  # one more live member
+
+    def members(self, now: float) -> tuple[str, ...]:
+        """The other instances heard from within PEER_LOAD_SECS (each tells its loads at least every
+        half second while it is in the fleet), sorted: what splits a fleet-wide limit."""
+        if now >= self._until:
+            live = {i: until for i, (_, until) in self.loads.items() if until > now}
+            self._members = tuple(sorted(live))
+            self._until = min(live.values(), default=math.inf)
+        return self._members
 
     def in_flight(self, fid: str, now: float) -> int:
         return sum(counts.get(fid, 0) for counts, until in self.loads.values() if until > now)
@@ -48,31 +69,31 @@ def fold(state: State, instance: str, wires: Sequence[Wire], keys_of: Mapping[st
     for wire in wires:
         try:
             kind = wire[0]
-            if kind == "n":
-                peers.heard(instance, wire[1], now)
+            if kind == "n":  # told at wire[2]: a warm start's old heartbeats are not live members
+                peers.heard(instance, wire[1], now, min(now, to_local(_bounded(wire[2], 0.0, math.inf))))
                 continue
             keys = keys_of.get(wire[1], ()) if isinstance(wire[1], str) else ()
             for key in keys:
-                _apply(state, state.target(key), wire, now, to_local)
+                _apply(state, state.target(key), wire, now, to_local, instance)
                 applied += 1
         except (TypeError, ValueError, KeyError, IndexError):
             continue  # a malformed event from a peer of another version: skipped alone
     return applied
 
 
-def _apply(state: State, ts: Any, wire: Wire, now: float, to_local: Callable[[float], float]) -> None:
+def _apply(state: State, ts: Any, wire: Wire, now: float, to_local: Callable[[float], float], by: str) -> None:
     kind = wire[0]
     if kind in ("s", "c"):  # a sample from a clock ahead of ours lands now, not in our future
         at = min(now, to_local(_bounded(wire[4], 0.0, math.inf)))
-        state.heard_sample(ts, _bounded(wire[3], 0.0, 86400.0), at, str(wire[2]), kind == "c")
+        state.heard_sample(ts, _bounded(wire[3], 0.0, 86400.0), at, str(wire[2]), kind == "c", by)
     elif kind == "f":
         secs = _bounded(wire[4], 0.0, MAX_COOLDOWN)
-        state.heard_failure(ts, now, Cooldown(failures=max(1, int(wire[3])), secs=secs))
+        state.heard_failure(ts, now, Cooldown(failures=max(1, int(wire[3])), secs=secs), by)
     elif kind == "o":
         until = min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN)
-        state.heard_open(ts, until, _bounded(wire[3], 0.0, MAX_COOLDOWN))
+        state.heard_open(ts, until, _bounded(wire[3], 0.0, MAX_COOLDOWN), by, now)
     elif kind == "r":
-        state.heard_cool(ts, min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN))
+        state.heard_cool(ts, min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN), by, now)
     else:
         raise ValueError(kind)
 

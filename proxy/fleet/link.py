@@ -32,7 +32,8 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from ..config import Config, StateLink, TargetKey
 from ..state import State
-from .fold import Peers, fold
+from .fold import Peers, fold, split
+from .measures import Measures
 from .probes import Probes
 from .wire import decode, dumps, encode, fleet_ids, stream_key
 
@@ -43,6 +44,7 @@ log = logging.getLogger("firstbyte")
 TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
 BLOCK_MS = 500  # the reader's blocking read
 LOAD_SECS = 0.25  # in-flight counts are told this often while they change
+HEARTBEAT = 0.5  # and at least this often, so the others know this instance is live (a limit's share)
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
 STREAM_MAX = 20_000  # entries the stream keeps (approximately): the warm start's memory
@@ -88,6 +90,8 @@ class FleetLink:
         self.keys_of: dict[str, list[TargetKey]] = {}
         self.peers = Peers()
         self.probes = Probes(self)
+        self.measures = Measures(self)
+        state.instance = self.instance  # who saw what last, as the access log names it
         self.connected = False
         self.since = time.time()  # in the fleet or alone since then
         self.reason = NOT_YET
@@ -100,6 +104,8 @@ class FleetLink:
         self.redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
         self._loads: dict[str, int] = {}
+        self._told = -HEARTBEAT  # when the loads were last told (monotonic)
+        self.on_change: Callable[[], None] | None = None  # the members or the link changed: limits re-split
 
     def configure(self, config: Config) -> None:
         """The fleet ids of the config in force (and, for each, the local targets it names)."""
@@ -109,6 +115,7 @@ class FleetLink:
             keys_of.setdefault(fid, []).append(key)
         self.keys_of = keys_of
         self.probes.configure(config)
+        self.measures.configure(config)
 
     # -- the request path's side: one append ------------------------------------------------------
 
@@ -133,11 +140,26 @@ class FleetLink:
         fid = self.fid_of.get(key)
         return 0 if fid is None else self.peers.in_flight(fid, self.clock())
 
+    def share(self, limit: int) -> int:
+        """This instance's part of a fleet-wide limit: ``limit`` split among the live members (the
+        peers heard within 2 s and this one) in their names' order, the first ``limit % n`` one
+        more; all of it while alone. Read from memory: no request awaits Redis (docs/adr/0016)."""
+        if not self.connected:
+            return limit
+        peers = self.peers.members(self.clock())
+        if not peers:
+            return limit
+        return split(limit, len(peers) + 1, sum(name < self.instance for name in peers))
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
     def status(self) -> dict[str, Any]:
         return {"fleet": self.settings.fleet, "instance": self.instance,
                 "state": "in-fleet" if self.connected else "alone",
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
-                **({} if self.connected else {"reason": self.reason}),
+                **({"measuring": self.measures.status()} if self.connected else {"reason": self.reason}),
                 "peers": sorted(i for i, (_, until) in self.peers.loads.items() if until > self.clock())}
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -164,6 +186,7 @@ class FleetLink:
             try:
                 await self._connect()
                 folded = await self._catch_up()
+                await self.measures.tick()  # the fleet's measuring claims known (and one taken) before ready
                 self._joined(folded)
                 backoff = BACKOFF_MIN
                 await self._serve()
@@ -213,7 +236,10 @@ class FleetLink:
         self.since = time.time()
         self.state.set_gated(True)
         self.state.listener = self.hear
+        self._told = -HEARTBEAT  # tell the others at once that this instance is live
+        self._wake.set()
         self._warmed.set()
+        self._changed()
         log.info("fleet %s: joined as %s via %s (%d events folded in)", self.settings.fleet, self.instance,
                  self.settings.redis, folded)
 
@@ -224,7 +250,9 @@ class FleetLink:
         self.state.listener = None
         self.state.set_gated(False)
         self.probes.dropped()
+        self.measures.dropped()
         self.outbox.clear()
+        self._changed()  # alone: every limit is this instance's whole again
         self.reason = reason
         first = old_reason == NOT_YET
         if was_connected or first:  # one line per change: joined, left (a retry that fails says nothing)
@@ -236,7 +264,8 @@ class FleetLink:
             log.debug("fleet %s: still alone: %s", self.settings.fleet, reason)
 
     async def _serve(self) -> None:
-        tasks = [asyncio.create_task(coro) for coro in (self._publish(), self._read(), self.probes.run())]
+        tasks = [asyncio.create_task(coro) for coro in (self._publish(), self._read(), self.probes.run(),
+                                                              self.measures.run())]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -272,14 +301,16 @@ class FleetLink:
                 self.events_out += n
 
     def _tell_loads(self) -> None:
-        """This instance's calls in flight per fleet id, when they changed."""
+        """This instance's calls in flight per fleet id, when they changed and at least every
+        HEARTBEAT (an empty count says this instance is live)."""
         loads: dict[str, int] = {}
         for key, ts in self.state.targets.items():
             fid = self.fid_of.get(key)
             if fid is not None and ts.in_flight:
                 loads[fid] = loads.get(fid, 0) + ts.in_flight
-        if loads != self._loads:
-            self._loads = loads
+        now = time.monotonic()
+        if loads != self._loads or now - self._told >= HEARTBEAT:
+            self._loads, self._told = loads, now
             self.outbox.append((("n", loads), time.time()))
 
     async def _read(self) -> None:
@@ -291,6 +322,7 @@ class FleetLink:
                 for entry_id, fields in entries:
                     self.last_id = entry_id
                     self._fold(entry_id, fields)
+            self._changed()  # at least every BLOCK_MS: a member heard, or one gone quiet
 
     def _fold(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> int:
         instance = fields.get("i", "")

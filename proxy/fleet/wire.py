@@ -19,7 +19,7 @@ import orjson
 
 from ..config import Config, TargetKey
 
-__all__ = ["claim_key", "decode", "encode", "fleet_ids", "stream_key"]
+__all__ = ["claim_key", "decode", "encode", "fleet_ids", "measure_key", "stream_key"]
 
 Wire = list[Any]  # one event as it travels: [kind, fleet id, ...]
 
@@ -42,6 +42,11 @@ def stream_key(fleet: str) -> str:
 def claim_key(fleet: str, fid: str) -> str:
     """The fleet's half-open probe claim of one target (SET NX PX)."""
     return f"firstbyte:{fleet}:probe:{fid}"
+
+
+def measure_key(fleet: str, fid: str, mode: str) -> str:
+    """The fleet's claim to measure one target in one mode (SET NX PX; ``fleet/measures.py``)."""
+    return f"firstbyte:{fleet}:measure:{mode}:{fid}"
 
 
 def encode(events: Iterable[tuple[tuple[Any, ...], float]], fid_of: Mapping[TargetKey, str],

@@ -15,7 +15,8 @@ import functools
 import struct
 from collections.abc import Iterable, Sequence
 
-__all__ = ["CLIENT", "ERROR", "SERVER", "attr", "export_request", "known", "scope", "seconds", "span"]
+__all__ = ["CLIENT", "ERROR", "SERVER", "assemble", "attr", "export_request", "field", "known", "named", "scope",
+           "seconds", "span", "status"]
 
 SERVER, CLIENT = 2, 3  # Span.SpanKind
 ERROR = 2  # Status.StatusCode
@@ -42,10 +43,6 @@ def _tag(field: int, wire: int) -> bytes:
     return _varint(field << 3 | wire)
 
 
-def _bytes(field: int, data: bytes) -> bytes:
-    return _tag(field, _LEN) + _varint(len(data)) + data
-
-
 _STRING, _BOOL, _INT, _DOUBLE = _tag(1, _LEN), _tag(2, _VARINT), _tag(3, _VARINT), _tag(4, _FIXED64)
 _KEY, _VALUE = _tag(1, _LEN), _tag(2, _LEN)
 
@@ -61,7 +58,7 @@ def _any(value: Value) -> bytes:
         return _INT + _varint(value & 0xFFFFFFFFFFFFFFFF)  # int64, two's complement
     if isinstance(value, float):
         return _DOUBLE + struct.pack("<d", value)
-    return _bytes(5, b"".join(_bytes(1, _any(v)) for v in value))
+    return field(5, b"".join([field(1, _any(v)) for v in value]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -96,40 +93,65 @@ def seconds(key: str, value: float) -> bytes:
 
 
 _PACK_D = struct.Struct("<d").pack
-_PACK_Q = struct.Struct("<Q").pack
-_TRACE, _SPAN, _STATE, _PARENT, _NAME = (_tag(n, _LEN) for n in (1, 2, 3, 4, 5))
-_KIND = {SERVER: _tag(6, _VARINT) + _varint(SERVER), CLIENT: _tag(6, _VARINT) + _varint(CLIENT)}
-_START, _END = _tag(7, _FIXED64), _tag(8, _FIXED64)
+
+
+def field(number: int, data: bytes) -> bytes:
+    """A length-delimited field: a string, bytes or an embedded message."""
+    return _tag(number, _LEN) + _varint(len(data)) + data
 
 
 @functools.lru_cache(maxsize=1024)
-def _status(code: int, message: str) -> bytes:
-    return _bytes(15, _bytes(2, message.encode("utf-8", "replace")) + _tag(3, _VARINT) + _varint(code))
+def status(code: int, message: str) -> bytes:
+    """``Span.status`` (field 15): its message (2) and code (3)."""
+    return field(15, field(2, message.encode("utf-8", "replace")) + _tag(3, _VARINT) + _varint(code))
+
+
+_IDS = struct.Struct(">2sQQ2sQ").pack  # trace_id (field 1: 16 bytes, two big-endian halves), span_id (2: 8 bytes)
+_PARENT = struct.Struct(">2sQ").pack  # parent_span_id: field 4, 8 bytes
+_TIMES = struct.Struct("<BQBQ").pack  # start_time_unix_nano (field 7), end_time_unix_nano (8): fixed64
+_KINDS = {SERVER: _tag(6, _VARINT) + _varint(SERVER), CLIENT: _tag(6, _VARINT) + _varint(CLIENT)}
+
+
+def named(name: str, kind: int) -> bytes:
+    """A span's name (field 5) and kind (6): a route's or a target's, encoded once by the caller."""
+    return field(5, name.encode("utf-8", "replace")) + _KINDS[kind]
+
+
+def assemble(trace_hi: int, trace_lo: int, span_id: int, parent_id: int | None, trace_state: bytes,
+             name_and_kind: bytes, start_ns: int, end_ns: int, attributes: bytes, status_field: bytes) -> bytes:
+    """A ``Span`` message from its parts: the trace id as two 64-bit halves, ``trace_state`` as
+    the encoded field 3 (or empty), ``attributes`` the concatenation of :func:`attr` results."""
+    return b"".join((_IDS(b"\x0a\x10", trace_hi, trace_lo, b"\x12\x08", span_id), trace_state,
+                     b"" if parent_id is None else _PARENT(b"\x22\x08", parent_id),
+                     name_and_kind, _TIMES(0x39, start_ns, 0x41, end_ns), attributes, status_field))
 
 
 def span(trace_id: bytes, span_id: int, parent_id: int | None, name: str, kind: int, start_ns: int, end_ns: int,
-         attributes: bytes, status: tuple[int, str] | None = None, trace_state: str | None = None) -> bytes:
-    """A ``Span`` message; ``trace_id`` is its 16 bytes (one per request, shared by its spans),
-    ``attributes`` the concatenation of :func:`attr` results."""
-    parts = [_TRACE, b"\x10", trace_id, _SPAN, b"\x08", span_id.to_bytes(8, "big")]
-    if trace_state:
-        parts.append(_bytes(3, trace_state.encode()))
-    if parent_id:
-        parts += (_PARENT, b"\x08", parent_id.to_bytes(8, "big"))
-    encoded = name.encode("utf-8", "replace")
-    parts += (_NAME, _varint(len(encoded)), encoded, _KIND[kind], _START, _PACK_Q(start_ns), _END, _PACK_Q(end_ns),
-              attributes)
-    if status is not None:
-        parts.append(_status(*status))
-    return b"".join(parts)
+         attributes: bytes, status_of: tuple[int, str] | None = None, trace_state: str | None = None) -> bytes:
+    """A ``Span`` message; ``trace_id`` is its 16 bytes. :func:`assemble` with every part spelled out."""
+    hi, lo = divmod(int.from_bytes(trace_id, "big"), 1 << 64)
+    return assemble(hi, lo, span_id, parent_id or None, field(3, trace_state.encode()) if trace_state else b"",
+                    named(name, kind), start_ns, end_ns, attributes, status(*status_of) if status_of else b"")
 
 
 def export_request(resource: bytes, scope: bytes, spans: Iterable[bytes]) -> bytes:
     """An ``ExportTraceServiceRequest`` of one resource and one scope: ``resource`` holds the
-    resource's attributes (field 1 each), ``scope`` is an encoded ``InstrumentationScope``."""
-    scope_spans = _bytes(1, scope) + b"".join(_bytes(2, s) for s in spans)
-    return _bytes(1, _bytes(1, resource) + _bytes(2, scope_spans))
+    resource's attributes (field 1 each), ``scope`` is an encoded ``InstrumentationScope``, each
+    of ``spans`` an encoded ``Span``. Written as one list joined once: a batch is 512 spans."""
+    parts = [_tag(1, _LEN), b"", field(1, resource), _tag(2, _LEN), b"", field(1, scope)]
+    size = len(parts[5])
+    tag, varint = _SPAN_TAG, _varint
+    for s in spans:
+        head = varint(len(s))
+        parts += (tag, head, s)
+        size += 1 + len(head) + len(s)
+    parts[4] = _varint(size)  # ScopeSpans (ResourceSpans field 2)
+    parts[1] = _varint(len(parts[2]) + 1 + len(parts[4]) + size)  # ResourceSpans (request field 1)
+    return b"".join(parts)
+
+
+_SPAN_TAG = _tag(2, _LEN)  # ScopeSpans.spans
 
 
 def scope(name: str, version: str) -> bytes:
-    return _bytes(1, name.encode()) + _bytes(2, version.encode())
+    return field(1, name.encode()) + field(2, version.encode())

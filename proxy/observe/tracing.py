@@ -1,36 +1,30 @@
 """OpenTelemetry traces from finished exchanges: one span per request, a child per attempt.
 
-Spans are built after the answer, like every observer's work, from the Decision and the ids the
-request path chose (``proxy/traceparent.py``: the attempt span ids are the ones its upstream
-already saw in ``traceparent``), with their real start and end times, and encoded at once into
-OTLP protobuf (``otlp.py``). A task the observer owns posts them in batches every half second
-over OTLP/HTTP; a slow or dead collector fills a bounded queue and spans are dropped, while no
-request waits for anything (docs/adr/0012).
-
-Names and attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``):
-the request span is ``{operation} {route}`` (kind server), an attempt ``{operation} {upstream
-model}`` (kind client) with its provider; the routing record rides along as ``firstbyte.*``.
+A sampled exchange's record is queued as it is (the ``Finished`` the server built anyway, with the
+ids the request path chose in ``proxy/traceparent.py``); nothing is built or encoded for it then.
+A task the observer owns wakes every ``tracing.export_every`` (half a second), or as soon as a
+batch is full, encodes what is queued into OTLP spans (``spans.py``, a slice at a time so the
+loop keeps serving) and posts them in batches over OTLP/HTTP: at any busy rate a post carries
+a full batch, so its cost is shared by some 250 requests. A slow or dead collector fills the
+bounded queue and records are dropped, before any encoding was spent on them, while no request
+waits for anything (docs/adr/0012).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 
 import aiohttp
-from yarl import URL
 
 from ..config import Config, Tracing
-from ..routing.decision import RACE_WORDS, Attempt, Decision
-from ..traceparent import TraceContext
 from . import Finished
-from .otlp import CLIENT, ERROR, SERVER, attr, export_request, known, scope, seconds, span
+from .otlp import attr, export_request, scope
+from .spans import SpanWriter
 
 __all__ = ["Traces"]
 
@@ -38,15 +32,9 @@ log = logging.getLogger("firstbyte")
 
 EXPORT_TIMEOUT = 5.0  # seconds one export may take
 CLOSE_WAIT = 2.0  # seconds a stop waits for the last spans to go out
-EVERY = 0.5  # seconds between exports
-BATCH = 512  # spans per export at most
+BATCH = 512  # spans per export, about (a record's spans are never split); a full one wakes the exporter
+SLICE = 64  # records encoded in one turn of the loop
 WARN_EVERY = 60.0  # seconds between two warnings about a collector that fails
-# firstbyte's operations as gen_ai.operation.name says them
-OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "completions": "text_completion",
-              "embeddings": "embeddings"}
-PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "azure": "azure.ai.openai",
-             "simulated": "firstbyte.simulated"}
-_NS = 1_000_000_000
 
 
 def _version() -> str:
@@ -57,125 +45,84 @@ def _version() -> str:
 
 
 class Traces:
-    """Observer: finished exchanges with a sampled trace become OTLP spans, posted by its own task."""
+    """Observer: finished exchanges with a sampled trace are queued; its own task makes them OTLP
+    spans and posts them."""
 
     def __init__(self, tracing: Tracing, config: Config | None = None) -> None:
         self.tracing = tracing
         self.url = tracing.otlp or ""
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[Finished] = deque()
+        self.queued = 0  # spans the queued records make (``tracing.queue`` bounds it)
         self.dropped = 0  # spans the full queue turned away
         self.failed = 0  # spans whose export failed
+        self.writer = SpanWriter(config)
         self._resource = attr("service.name", tracing.service_name, 1)
         self._scope = scope("firstbyte", _version())
-        self._targets: dict[str, tuple[str, bytes]] = {}  # target: (upstream model, its fixed attributes)
         self._task: asyncio.Task[None] | None = None  # kept: a bare task may be collected
+        self._full = asyncio.Event()  # a batch is waiting: post it now, not at the next tick
         self._warned = 0.0
-        if config is not None:
-            self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
-        """Each target's upstream model and the attributes that never change for it, encoded once."""
-        targets: dict[str, tuple[str, bytes]] = {}
-        for route in config.routes.values():
-            for t in route.targets:
-                if t.name in targets:
-                    continue
-                provider = config.providers[t.provider]
-                system = PROVIDERS.get(provider.kind, provider.kind)
-                fixed = (attr("gen_ai.request.model", t.model) + attr("gen_ai.provider.name", system)
-                         + attr("gen_ai.system", system) + attr("firstbyte.target", t.name))
-                if provider.base_url:
-                    url = URL(provider.base_url)
-                    fixed += attr("server.address", url.host or "") + attr("server.port", url.port or 0)
-                targets[t.name] = (t.model, fixed)
-        self._targets = targets
+        """The targets' upstream models and fixed attributes, for the attempt spans."""
+        self.writer.reconfigure(config)
 
     def on_finished(self, finished: Finished) -> None:
         ctx = finished.trace
         if ctx is None or not ctx.sampled:
             return
-        start = int(finished.started * _NS)
-        end = start + int(finished.total * _NS)
-        trace_id = ctx.trace_id.to_bytes(16, "big")
         d = finished.decision
-        usage = b"" if d is None else _usage(d)
-        out = [self._request_span(finished, ctx, trace_id, start, end, usage)]
-        if d is not None:
-            for attempt, span_id, began in _paired(d, ctx):
-                t0 = start if began is None else start + int((began - ctx.t0) * _NS)
-                out.append(self._attempt_span(finished, d, ctx, trace_id, attempt, span_id, t0, end, usage))
-        room = self.tracing.queue - len(self.queue)
-        if room < len(out):
-            self.dropped += len(out)
+        count = 1 if d is None else 1 + len(d.attempts)
+        if self.queued + count > self.tracing.queue:
+            self.dropped += count
             return
-        self.queue.extend(out)
+        self.queue.append(finished)
+        self.queued += count
+        if self.queued >= BATCH:
+            self._full.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="firstbyte-traces")
 
-    def _request_span(self, f: Finished, ctx: TraceContext, trace_id: bytes, start: int, end: int,
-                      usage: bytes) -> bytes:
-        d = f.decision
-        op = OPERATIONS.get(f.operation, f.operation or "chat")
-        route = d.route if d is not None else (f.asked or "")
-        a = (known("gen_ai.operation.name", op) + known("gen_ai.request.model", route)
-             + known("http.request.method", f.method) + known("url.path", f.path)
-             + known("http.response.status_code", f.status) + known("firstbyte.stream", f.stream))
-        if d is not None:
-            a += (known("firstbyte.route", d.route) + known("firstbyte.strategy", d.strategy)
-                  + attr("firstbyte.request_id", d.id) + attr("firstbyte.decision", d.header())
-                  + _names("firstbyte.order", tuple(r.name for r in d.order))
-                  + known("firstbyte.first_reason", d.first_reason) + known("firstbyte.failovers", d.failovers)
-                  + usage)
-            if d.excluded:
-                a += attr("firstbyte.excluded", [f"{e.name}({e.reason})" for e in d.excluded])
-            if d.served:
-                a += known("firstbyte.served", d.served)
-        if f.ttfc is not None:
-            a += seconds("firstbyte.time_to_first_byte_s", f.ttfc)
-        status = None
-        if f.status >= 400:
-            a += known("error.type", f.error or str(f.status))
-            if f.status >= 500:  # a server span's error: the gateway's, not the client's
-                status = (ERROR, f.error or str(f.status))
-        return span(trace_id, ctx.span_id, ctx.parent_id, f"{op} {route}", SERVER, start, end, a, status,
-                    ctx.tracestate)
-
-    def _attempt_span(self, f: Finished, d: Decision, ctx: TraceContext, trace_id: bytes, a: Attempt, span_id: int,
-                      start: int, request_end: int, usage: bytes) -> bytes:
-        model, fixed = self._targets.get(a.name, ("", attr("firstbyte.target", a.name)))
-        op = OPERATIONS.get(f.operation, f.operation or "chat")
-        b = (known("gen_ai.operation.name", op) + fixed + known("firstbyte.attempt.outcome", a.outcome)
-             + known("firstbyte.attempt.failover", a.failover))
-        if a.outcome.isdigit():
-            b += known("http.response.status_code", int(a.outcome))
-        if a.ttfc is not None:
-            b += seconds("firstbyte.time_to_first_token_s", a.ttfc)
-        for name, role in d.race:
-            if name == a.name:
-                b += known("firstbyte.race.role", role)
-                break
-        served = a.name == d.served and a.ttfc is not None
-        # a racer's end (lost, measured…) is no failure; a status from 400 up and a failure word are
-        failed = int(a.outcome) >= 400 if a.outcome.isdigit() else a.outcome not in RACE_WORDS
-        if served:
-            b += known("gen_ai.response.model", model or a.name) + usage
-        elif failed:
-            b += known("error.type", a.outcome)
-        # The served attempt goes on until the answer has been relayed; the others end when settled.
-        end = max(request_end, start) if served else start + int(a.seconds * _NS)
-        return span(trace_id, span_id, ctx.span_id, f"{op} {model or a.name}", CLIENT, start, end, b,
-                    (ERROR, a.outcome) if failed else None, ctx.tracestate)
+    async def _batch(self) -> tuple[list[bytes], int]:
+        """Up to about BATCH spans from the queue, encoded SLICE records per turn of the loop, and
+        how many records they came from."""
+        spans: list[bytes] = []
+        taken = 0
+        while self.queue and len(spans) < BATCH:
+            for _ in range(min(SLICE, len(self.queue))):
+                taken += 1
+                f = self.queue.popleft()
+                self.queued -= 1 if f.decision is None else 1 + len(f.decision.attempts)
+                try:
+                    spans += self.writer.spans(f)
+                except Exception:  # a bug in one record's spans loses that record, not the exporter
+                    log.exception("tracing: a span could not be encoded")
+            if self.queue and len(spans) < BATCH:
+                await asyncio.sleep(0)
+        return spans, taken
 
     async def _run(self) -> None:
+        """Post at each tick what was queued by then, and a full batch as soon as there is one.
+        What arrives while a post is out waits for the next of those: under a steady stream of
+        requests the posts carry full batches, not the few requests that came during the last."""
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
             while True:
-                await asyncio.sleep(EVERY)
-                while self.queue:
-                    await self._send(session)
+                ticked = False
+                try:
+                    async with asyncio.timeout(self.tracing.export_every):
+                        await self._full.wait()
+                except TimeoutError:
+                    ticked = True
+                self._full.clear()
+                due = len(self.queue) if ticked else 0  # the records the tick sends, however few
+                while self.queue and (due > 0 or self.queued >= BATCH):
+                    due -= await self._send(session)
 
-    async def _send(self, session: aiohttp.ClientSession) -> None:
-        """One batch to the collector; a failure drops it (with a warning at most once a minute)."""
-        batch = [self.queue.popleft() for _ in range(min(BATCH, len(self.queue)))]
+    async def _send(self, session: aiohttp.ClientSession) -> int:
+        """One batch to the collector; a failure drops it (with a warning at most once a minute).
+        Returns how many records it took from the queue."""
+        batch, taken = await self._batch()
+        if not batch:
+            return taken
         body = export_request(self._resource, self._scope, batch)
         problem = None
         try:
@@ -193,6 +140,7 @@ class Traces:
                 self._warned = now
                 log.warning("tracing: the collector at %s %s; %d spans dropped so far", self.url, problem,
                             self.failed + self.dropped)
+        return taken
 
     async def close(self) -> None:
         """Send what is queued, waiting at most CLOSE_WAIT: a dead collector does not hold up a stop."""
@@ -210,34 +158,3 @@ class Traces:
         except TimeoutError:
             log.warning("tracing: the collector at %s did not take the last spans in %.0fs", self.url, CLOSE_WAIT)
 
-
-def _usage(d: Decision) -> bytes:
-    out = b""
-    for ours, theirs in (("prompt_tokens", "gen_ai.usage.input_tokens"),
-                         ("completion_tokens", "gen_ai.usage.output_tokens")):
-        count = d.usage.get(ours)
-        if isinstance(count, int):
-            out += known(theirs, count)
-    return out
-
-
-@functools.lru_cache(maxsize=1024)
-def _names(key: str, names: tuple[str, ...]) -> bytes:
-    """An order of targets: a route's few orders, encoded once each."""
-    return attr(key, names)
-
-
-def _paired(d: Decision, ctx: TraceContext) -> Iterator[tuple[Attempt, int, float | None]]:
-    """Each attempt of the decision with the span id and start the walker gave it: by target, in
-    order (one target's tries are sequential, whatever races beside them). An attempt the walker
-    never started (a request the target's API cannot express) gets a new id and no start."""
-    started: dict[str, deque[tuple[int, float]]] = {}
-    for name, span_id, began in ctx.attempts:
-        started.setdefault(name, deque()).append((span_id, began))
-    for a in d.attempts:
-        mine = started.get(a.name)
-        if mine:
-            span_id, began = mine.popleft()
-            yield a, span_id, began
-        else:
-            yield a, ctx.new_span_id(), None

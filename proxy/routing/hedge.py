@@ -82,6 +82,7 @@ class Opening:
     keep: float = 0.0
     refused: str | None = None  # the target the budget refused a race ("budget exhausted")
     hedge_after: Mapping[str, float | None] = field(default_factory=dict)  # a leader's hedge delay
+    due: frozenset[str] = frozenset()  # a timed hedge of one of these runs to its own token (routing/explore.py)
 
     @property
     def leader(self) -> Target | None:
@@ -91,15 +92,18 @@ class Opening:
 
 
 def opening(hedge: Hedge, route: str, targets: Sequence[Target], first_reason: str, together: int,
-            view: RaceView, now: float, mode: str) -> Opening:
+            view: RaceView, now: float, mode: str, due: frozenset[str] = frozenset(),
+            keep: float = RESERVE) -> Opening:
     """Who races from the start and who pays: an explored or unmeasured first target races the
     next one when the budget pays (an unmeasured one nobody measures yet races free, once), else
     it waits its turn behind the leader; one being measured already leads, unraced (a cold burst
-    spreads). The budget is read as this request's deposit leaves it."""
+    spreads). The budget is read as this request's deposit leaves it. ``due``: the targets whose
+    look is due, measured when a timed hedge starts them; ``keep``: what an explore leaves for a
+    hedge (none for a recovery being confirmed, routing/explore.py)."""
     order = tuple(targets)
     delays = _delays(hedge, order, view, mode)
     if together < 2 or len(order) < 2:
-        return Opening(order, hedge_after=delays)
+        return Opening(order, hedge_after=delays, due=due)
     budget = view.hedge_budget(route) or HedgeBudget(hedge.max_extra)
     first = order[0]
     role = "explore" if first_reason == "explore" else "measure"
@@ -115,8 +119,9 @@ def opening(hedge: Hedge, route: str, targets: Sequence[Target], first_reason: s
             return Opening(order, first, role, FREE, hedge_after=delays)
     # An explore, or a measure whose free call was spent (a target that keeps failing), leaves a
     # token for a hedge; unpaid, learning waits behind the leader instead of making the client wait.
-    if budget.affords(hedge.max_extra, RESERVE):
-        return Opening(order, first, role, PAID, RESERVE, hedge_after=delays)
+    keep = keep if role == "explore" else RESERVE
+    if budget.affords(hedge.max_extra, keep):
+        return Opening(order, first, role, PAID, keep, hedge_after=delays)
     return Opening((order[1], first, *order[2:]), refused=first.name, hedge_after=delays)
 
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from functools import lru_cache
 from types import MappingProxyType
 from typing import Protocol
 
 from ..config import Fastest, Route, Target, TargetKey
+from ..state.budget import HedgeBudget
 from ..state.tracker import STREAMED
 from .decision import PRICE, Ranked
+from .explore import stale as explore_now
 from .score import ScoreView, score
 
 
@@ -45,11 +45,18 @@ class OrderView(FigureView, ScoreView, Protocol):
 
     def load_fit(self, key: TargetKey, mode: str = ...) -> tuple[float, float] | None: ...
 
+    def recent(self, key: TargetKey, mode: str = ...) -> list[float]: ...
+
+    def held(self, key: TargetKey, mode: str = ...) -> int: ...
+
+    def hedge_budget(self, route: str) -> HedgeBudget | None: ...
+
 
 Figures = dict[str, float | None]
 
 RECOVERY_ALPHA = 0.8  # mostly the newest sample or two
 RECOVERY_FACTOR = 2.0  # a figure halved by them is a recovery, not jitter
+RECOVERED_AFTER = 2  # samples in a row that say so stand for the target themselves (docs/adr/0023)
 
 
 def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest, now: float,
@@ -63,13 +70,23 @@ def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest
         figure, recent = state.figures(t.key, policy, now, mode, RECOVERY_ALPHA)
         if figure is not None:
             if recent is not None and recent * RECOVERY_FACTOR < figure:
-                figure = recent
+                figure = _recovered(state.recent(t.key, mode)[-RECOVERED_AFTER:], figure, recent)
             if fit:
                 figure += load_fit(policy, state, t.key, mode)
             if policy.load_aware:
                 figure *= load_penalty(policy, state.in_flight(t.key))
         figures[t.name] = figure
     return figures
+
+
+def _recovered(newest: Sequence[float], figure: float, recent: float) -> float:
+    """A recovery's figure: the fast EWMA, or, once ``RECOVERED_AFTER`` samples in a row came in under
+    half the old figure, the slowest of them: the old figure describes another moment (as two lost
+    races in a row demote a leader, docs/adr/0022). From 20x the leader's time, the fast EWMA alone
+    needs three samples to lead; a single lucky sample of a jittery target still moves it no more."""
+    if len(newest) == RECOVERED_AFTER and max(newest) * RECOVERY_FACTOR < figure:
+        return max(newest)
+    return recent
 
 
 def load_fit(policy: Fastest, state: OrderView, key: TargetKey, mode: str) -> float:
@@ -92,45 +109,6 @@ def load_penalty(policy: Fastest, in_flight: int) -> float:
     """Peak-EWMA style (Finagle, Linkerd): a figure counts ``1 + load_weight x in_flight`` times,
     so a burst spreads over the pool instead of landing on a leader whose figure is still good."""
     return 1.0 + policy.load_weight * in_flight if policy.load_aware else 1.0
-
-
-@lru_cache(maxsize=64)
-def _newest_policy(policy: Fastest) -> Fastest:
-    return replace(policy, signal="ewma", alpha=1.0)  # an EWMA of weight 1 is the newest sample
-
-
-def stalest(route: Route, targets: Sequence[Target], state: OrderView, now: float, mode: str,
-            figures: Figures | None = None) -> str | None:
-    """Under a racing route with ``hedge.explore``: the target to explore because its figure is
-    out of date (exploring costs the client nothing, so do it on time). First a target whose
-    newest sample beats the leading figure while its own figure still ranks it behind (a
-    recovery seen once, confirmed by the next sample instead of a wait for ``refresh``); else the
-    one whose figure is oldest, when older than ``hedge.refresh_secs``.
-
-    A figure is as old as the call that measured it: its age counts from when that call started
-    (the newest sample's arrival less its own time), because the upstream answered as it was then.
-    Counted from the arrival, a slow target's refresh would come its own latency late every
-    time: a 200 ms target refreshed every 0.3 s would be looked at every 0.5 s."""
-    hedge = route.hedge
-    if hedge is None or not hedge.explore or len(targets) < 2:
-        return None  # alone, a target has nobody to race: exploring it would change nothing
-    leading = min((f for f in figures.values() if f is not None), default=None) if figures else None
-    newest_policy = _newest_policy(route.fastest)
-    best: tuple[float, str] | None = None
-    for t in targets:
-        if state.in_flight(t.key, mode):  # one request re-measures it, not every one
-            continue
-        age = state.age(t.key, now, mode)
-        if age is None:
-            continue
-        newest = state.figure(t.key, newest_policy, now, mode)
-        if leading is not None and figures is not None and (fig := figures.get(t.name)) is not None \
-                and fig > leading and newest is not None and newest < leading:
-            return t.name
-        age += newest or 0.0
-        if age > hedge.refresh_secs and (best is None or age > best[0]):
-            best = (age, t.name)
-    return None if best is None else best[1]
 
 
 def _ranked(targets: Sequence[Target], first: str, figures: Figures) -> list[Ranked]:
@@ -245,7 +223,7 @@ def order_targets(
     elif strategy == "fastest":
         measuring = ({t.name: n for t in targets if figures[t.name] is None and (n := state.in_flight(t.key, mode))}
                      if None in figures.values() else {})
-        stale = stalest(route, targets, state, now, mode, figures) if explore else None
+        stale = explore_now(route, targets, state, now, mode, figures) if explore else None
         out, first = fastest(targets, figures, route.fastest, rng if explore else None, measuring, stale)
     elif strategy == "cheapest":
         out, first = cheapest(targets, figures)

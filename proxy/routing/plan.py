@@ -13,14 +13,16 @@ from typing import Protocol
 
 from ..config import MODEL_IN_PATH, Config, Route, Target, path_segment_problem
 from ..errors import ClientError
+from ..state.budget import RESERVE
 from ..state.tracker import STREAMED
 from .decision import Decision, Excluded, Ranked
 from .eligibility import HealthView, eligible, hard_reason
+from .explore import ExploreView, confirming, due
 from .hedge import Opening, RaceView, opening
 from .ordering import OrderView, order_targets
 
 
-class Snapshot(HealthView, OrderView, RaceView, Protocol):
+class Snapshot(HealthView, OrderView, RaceView, ExploreView, Protocol):
     """What the planner reads of the state."""
 
 
@@ -119,7 +121,13 @@ def plan(
         together = 2  # learning races the next target instead of making the client wait for it
     race = None
     if hedge is not None and pinned is None and out:
-        race = opening(hedge, route.name, out, decision.first_reason, together, state, now, ask.mode)
+        looks, keep = frozenset[str](), RESERVE
+        if route.strategy == "fastest" and hedge.explore:
+            figures = {r.name: r.figure for r in ranked}
+            looks = due(route, out, state, ask.mode, figures)
+            if together == 2 and ranked[0].reason == "explore" and confirming(out[0], figures, state, ask.mode):
+                keep = 0.0  # a recovery seen once is worth the hedge's reserve token
+        race = opening(hedge, route.name, out, decision.first_reason, together, state, now, ask.mode, looks, keep)
     return Plan(decision, route, tuple(out), result.rescued, result.unservable, together, race)
 
 

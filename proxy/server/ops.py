@@ -7,6 +7,7 @@ cannot drift from what traffic sees.
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from aiohttp import web
@@ -109,7 +110,25 @@ def health_rows(gw: Gateway) -> list[dict[str, Any]]:
             # own pure function, reading the state as the planner does
             "load_fit_s": round(load_fit(fastest, gw.state, target.key, STREAMED), 4),
             **_fleet_in_flight(gw, target.key),
+            "last": last_changes(figures, gw.clock()),
         })
+    return out
+
+
+def last_changes(figures: TargetFigures, now: float) -> dict[str, Any]:
+    """Which instance's event last changed the target's figure and its breaker, what it was and
+    when (wall clock, UTC): ``by`` names the instance as its access log does (None outside a fleet,
+    where there is only this one)."""
+    wall = time.time()
+    out: dict[str, Any] = {}
+    for part, seen in (("figure", figures.figure_by), ("breaker", figures.breaker_by)):
+        if seen is None:
+            out[part] = None
+            continue
+        by, what, at = seen
+        stamp = wall - max(0.0, now - at)
+        out[part] = {"by": by or None, "what": what,
+                     "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1000):03d}Z"}
     return out
 
 
@@ -172,6 +191,7 @@ def _explained(request: web.Request, rid: str) -> web.Response:
             "load_fit_s": round(load_fit(route.fastest, gw.state, target.key, mode), 4),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
+            "last": last_changes(taken[target.name], now),
             **signals.get(target.name, {}),
         })
     return json_response({
@@ -181,7 +201,8 @@ def _explained(request: web.Request, rid: str) -> web.Response:
         **({"cost_basis": basis} if basis else {}),
         **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
         "order": order,
-        "excluded": [{"target": e.name, "reason": e.reason} for e in d.excluded],
+        "excluded": [{"target": e.name, "reason": e.reason,
+                      **({"last": last_changes(taken[e.name], now)} if e.name in taken else {})} for e in d.excluded],
         "decision": d.header(),
     })
 

@@ -67,12 +67,22 @@ async def stats(request: web.Request) -> web.Response:
                               "elapsed_s": sim.clock() - sim.started})  # where it is in its schedule
 
 
+async def restart(request: web.Request) -> web.Response:
+    """``POST /sim/restart``: the schedule starts again from now and the counts from zero, so a harness
+    that starts several processes (slowly, on a busy machine) begins its load at the schedule's start."""
+    sim = request.app[SIMULATOR]
+    sim.started = sim.clock()
+    sim.served, sim.stalled, sim.cold = 0, 0, None
+    return web.json_response({"name": sim.name, "elapsed_s": 0.0})
+
+
 def build_sim_app(sim: Simulator) -> web.Application:
     app = web.Application()
     app[SIMULATOR] = sim
     for path in _OPS:
         app.router.add_post(path, answer)
     app.router.add_get("/sim/stats", stats)
+    app.router.add_post("/sim/restart", restart)
     return app
 
 

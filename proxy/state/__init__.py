@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Config, Cooldown, Fastest, TargetKey
-from .breaker import Breaker, Health
+from .breaker import CLOSED, Breaker, Health
 from .budget import HedgeBudget
 from .snapshot import TargetFigures, snapshot
 from .tracker import BUFFERED, DEMOTE_MARGIN, STREAMED, Tracker
@@ -30,6 +30,8 @@ Listener = Callable[[tuple[Any, ...]], None]
 open_until, cooldown)`` the breaker opened or reopened, ``("r", key, until)`` a Retry-After,
 ``("p", key)`` a probe given back without a verdict. Times are this process's clock."""
 
+Seen = tuple[str, str, float]  # (instance, what it did, when on this process's clock)
+
 
 @dataclass(slots=True)
 class TargetState:
@@ -42,6 +44,11 @@ class TargetState:
     buffering: int = 0  # of those, buffered calls: a mode's figure is measured by its own calls (ADR 0007)
     history: deque[bool] = field(default_factory=lambda: deque(maxlen=HISTORY))
     retired: bool = False  # dropped by a reload: a call still in flight on it measures nobody
+    # Who last changed the figure and the breaker, what and when: (instance, word, this clock's time);
+    # the instance is "" for this one outside a fleet. What /v1/health and explain say (docs/adr/0016).
+    figure_by: Seen | None = None
+    breaker_by: Seen | None = None
+
 
 
 class State:
@@ -54,6 +61,10 @@ class State:
         self.budgets: dict[str, HedgeBudget] = {}  # per route with a hedge
         self.listener: Listener | None = None  # the fleet link, while it is connected
         self.gated = False  # in a fleet: a half-open probe needs the fleet's claim
+        self.instance = ""  # this instance's fleet name (the access log's), "" outside a fleet
+        # (target, mode) another instance holds the measuring claim of (fleet/measures.py): being
+        # measured elsewhere, as a local call in flight would be; empty alone (fail open).
+        self.measuring: frozenset[tuple[TargetKey, str]] = frozenset()
 
     def target(self, key: TargetKey) -> TargetState:
         ts = self.targets.get(key)
@@ -92,10 +103,10 @@ class State:
         call measured an address no longer in use), and a success for the breaker and history."""
         if not ts.retired:
             self.tracker.record(ts.key, seconds, now, mode, load)
+            ts.figure_by = (self.instance, f"{mode} sample", now)
             if self.listener is not None:
                 self.listener(("s", ts.key, mode, seconds))
-        ts.breaker.success()
-        ts.history.append(True)
+        _succeeded(ts, self.instance, now)
 
     def censored(self, ts: TargetState, seconds: float, now: float, mode: str,
                  behind: float | None = None) -> None:
@@ -106,6 +117,7 @@ class State:
         if not ts.retired:
             bound = seconds if behind is None else max(seconds, behind * DEMOTE_MARGIN)
             self.tracker.censor(ts.key, bound, now, mode)
+            ts.figure_by = (self.instance, f"{mode} bound", now)
             if self.listener is not None:
                 self.listener(("c", ts.key, mode, bound))
 
@@ -116,14 +128,17 @@ class State:
         breaker = ts.breaker
         was = breaker.state, breaker.open_until
         breaker.failure(now, cooldown)
+        opened = (breaker.state, breaker.open_until) != was
+        ts.breaker_by = (self.instance, "opened" if opened else f"failure {kind}", now)
         if self.listener is not None and not ts.retired:
             self.listener(("f", ts.key, kind, cooldown.failures, cooldown.secs))
-            if (breaker.state, breaker.open_until) != was:
+            if opened:
                 self.listener(("o", ts.key, breaker.open_until, breaker.cooldown))
 
-    def cool(self, ts: TargetState, until: float) -> None:
+    def cool(self, ts: TargetState, until: float, now: float) -> None:
         """A Retry-After: the target is cooled down until then (it does not open the breaker)."""
         ts.breaker.cool(until)
+        ts.breaker_by = (self.instance, "cooled", now)
         if self.listener is not None and not ts.retired:
             self.listener(("r", ts.key, until))
 
@@ -141,29 +156,41 @@ class State:
         """The fleet link claimed the target's probe for this instance (or let an unused claim go)."""
         ts.breaker.claimed = granted
 
-    def heard_sample(self, ts: TargetState, seconds: float, at: float, mode: str, censored: bool) -> None:
-        """Another instance's sample (``at``: when it was taken, on this process's clock); a first
-        token is also a success (it closes the breaker: only a probe or a rescue can succeed at an
-        open target)."""
+    def heard_sample(self, ts: TargetState, seconds: float, at: float, mode: str, censored: bool,
+                     by: str = "") -> None:
+        """Another instance's (``by``) sample (``at``: when it was taken, on this process's clock); a
+        first token is also a success (it closes the breaker: only a probe or a rescue can succeed at
+        an open target)."""
         if ts.retired:
             return
+        ts.figure_by = (by, f"{mode} {'bound' if censored else 'sample'}", at)
         if censored:
             self.tracker.censor(ts.key, seconds, at, mode)
             return
         self.tracker.record(ts.key, seconds, at, mode)
-        ts.breaker.success()
-        ts.history.append(True)
+        _succeeded(ts, by, at)
 
-    def heard_failure(self, ts: TargetState, now: float, cooldown: Cooldown) -> None:
+    def heard_failure(self, ts: TargetState, now: float, cooldown: Cooldown, by: str = "") -> None:
         """Another instance's counted failure: the fleet counts failures together."""
         ts.history.append(False)
+        was = ts.breaker.state
         ts.breaker.heard_failure(now, cooldown)
+        ts.breaker_by = (by, "failure" if ts.breaker.state == was else "opened", now)
 
-    def heard_open(self, ts: TargetState, until: float, cooldown: float) -> None:
+    def heard_open(self, ts: TargetState, until: float, cooldown: float, by: str, now: float) -> None:
+        was = ts.breaker.state, ts.breaker.open_until
         ts.breaker.heard_open(until, cooldown)
+        if (ts.breaker.state, ts.breaker.open_until) != was:
+            ts.breaker_by = (by, "opened", now)
 
-    def heard_cool(self, ts: TargetState, until: float) -> None:
+    def heard_cool(self, ts: TargetState, until: float, by: str, now: float) -> None:
         ts.breaker.cool(until)
+        ts.breaker_by = (by, "cooled", now)
+
+    def set_measuring(self, measuring: frozenset[tuple[TargetKey, str]]) -> None:
+        """The (target, mode) pairs another instance holds the measuring claim of, swapped in whole
+        by the fleet link (empty when it drops: each instance measures for itself again)."""
+        self.measuring = measuring
 
     def set_costs(self, costs: dict[tuple[str, str], float]) -> None:
         """Measured mean cost per call, swapped in whole (from the ledger, off the event loop)."""
@@ -184,11 +211,11 @@ class State:
         """Attempts in flight at the target: all of them (its load), or those of one mode (what
         is measuring that mode's figure)."""
         ts = self.targets.get(key)
-        if ts is None:
-            return 0
         if mode is None:
-            return ts.in_flight
-        return ts.buffering if mode == BUFFERED else ts.in_flight - ts.buffering
+            return 0 if ts is None else ts.in_flight
+        own = 0 if ts is None else ts.buffering if mode == BUFFERED else ts.in_flight - ts.buffering
+        # A peer's measuring claim counts as one call measuring it (fleet/measures.py).
+        return own + 1 if self.measuring and (key, mode) in self.measuring else own
 
     def age(self, key: TargetKey, now: float, mode: str = STREAMED) -> float | None:
         return self.tracker.age(key, now, mode)
@@ -205,6 +232,10 @@ class State:
     def recent(self, key: TargetKey, mode: str = STREAMED) -> list[float]:
         """The target's newest first-token samples in ``mode``, oldest first (a hedge's pNN)."""
         return self.tracker.recent(key, mode)
+
+    def held(self, key: TargetKey, mode: str = STREAMED) -> int:
+        """Censored bounds held against the target's figure (lost races since its last faster answer)."""
+        return self.tracker.held(key, mode)
 
     def hedge_budget(self, route: str) -> HedgeBudget | None:
         """The route's hedge budget as it stands, None before its first hedged request (a read)."""
@@ -234,6 +265,15 @@ class State:
         self.tracker.stale_after = max(
             [r.fastest.max_age_secs for r in config.routes.values()] or [300.0]
         )
+
+
+def _succeeded(ts: TargetState, by: str, now: float) -> None:
+    """An answer: the breaker closes (a change worth naming when it was open or counting)."""
+    breaker = ts.breaker
+    if breaker.state != CLOSED or breaker.failures:
+        ts.breaker_by = (by, "closed", now)
+    breaker.success()
+    ts.history.append(True)
 
 
 _CLOSED = Breaker().health(0.0)

@@ -15,6 +15,10 @@ A target that was never measured races once for free (``free_measure``): once pe
 until a sample of it arrives. A target that fails before its first token every time (a
 wrong key, a wrong model name) never gets a sample, so it gets no second free call: it is
 explored like any other, on the budget.
+
+It also counts the route's requests and when the route last ran each target (``look``): how
+many requests a figure has gone unlooked at, which paces exploring by the route's traffic
+rather than the clock (``routing/explore.py``, docs/adr/0023).
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ RESERVE = 1.0  # tokens an explore leaves in the bucket for a hedge
 
 
 class HedgeBudget:
-    __slots__ = ("freed", "refused", "share", "tokens")
+    __slots__ = ("freed", "looked", "refused", "requests", "share", "tokens")
 
     def __init__(self, share: float) -> None:
         self.share = share
         self.tokens = START
         self.refused = 0
         self.freed: dict[Hashable, float] = {}  # (target key, mode) -> when its free measure started
+        self.requests = 0  # the route's requests so far (deposits)
+        self.looked: dict[Hashable, int] = {}  # (target key, mode) -> the request that last ran it
 
     def owes_free_measure(self, key: Hashable, measured_at: float | None) -> bool:
         """Would ``key``, unmeasured, race without a token now? Yes once; again only after a sample
@@ -60,6 +66,7 @@ class HedgeBudget:
 
     def deposit(self) -> None:
         """One request of the route: ``share`` of a token."""
+        self.requests += 1
         tokens = self.tokens + self.share
         self.tokens = CAP if tokens > CAP else tokens
 
@@ -73,6 +80,15 @@ class HedgeBudget:
         if count:
             self.refuse()
         return False
+
+    def look(self, key: Hashable) -> None:
+        """The route ran ``key`` in this request to its own first token (a leader, a learner, a
+        measured hedge): its figure is as fresh as this request."""
+        self.looked[key] = self.requests
+
+    def unlooked(self, key: Hashable) -> int:
+        """The route's requests since it last ran ``key`` (all of them if it never did). A read."""
+        return self.requests - self.looked.get(key, 0)
 
     def spend(self) -> None:
         """A token for one extra attempt."""

@@ -38,6 +38,10 @@ class TargetFigures:
     modes: Mapping[str, ModeFigure]  # read-only, by mode
     health: Health
     in_flight: int
+    # Who last changed the figure / the breaker: (instance, what, when on this process's clock);
+    # the instance is "" for this one outside a fleet.
+    figure_by: tuple[str, str, float] | None = None
+    breaker_by: tuple[str, str, float] | None = None
 
 
 def snapshot(state: State, config: Config, now: float) -> tuple[TargetFigures, ...]:
@@ -48,6 +52,8 @@ def snapshot(state: State, config: Config, now: float) -> tuple[TargetFigures, .
                                                        state.tracker.samples(target.key, mode),
                                                        state.tracker.age(target.key, now, mode))
                                       for mode in MODES})
+            ts = state.targets.get(target.key)
             out.append(TargetFigures(route.name, target, modes, state.health(target.key, now),
-                                     state.in_flight(target.key)))
+                                     state.in_flight(target.key), None if ts is None else ts.figure_by,
+                                     None if ts is None else ts.breaker_by))
     return tuple(out)

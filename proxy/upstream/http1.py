@@ -26,6 +26,7 @@ parser or the socket raises later is aiohttp's own client errors, named by ``tra
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import ssl
 import time
@@ -330,8 +331,11 @@ class Pool:
         return infos
 
 
+@functools.cache
 def default_tls() -> ssl.SSLContext:
-    """Certificates and host names verified against the system's CA store; ALPN says HTTP/1.1."""
+    """Certificates and host names verified against the system's CA store; ALPN says HTTP/1.1.
+    Made once per process (loading the store takes a loaded box tenths of a second); a box's
+    supervisor makes it before it forks its workers."""
     context = ssl.create_default_context()
     context.set_alpn_protocols(["http/1.1"])
     return context

@@ -1,24 +1,22 @@
 """The race for the first token (docs/adr/0008): targets of a ``hedge`` route side by side.
 
-A route without ``hedge`` is walked one target at a time (``Walker.walk``). With it, the walk
-is the same as long as nobody races: the leading target's attempts run in the request's own
-task. A race starts in two ways:
+A route without ``hedge`` is walked one target at a time (``Walker.walk``); with it, the same
+while nobody races (the leader's attempts run in the request's own task). A race starts so:
 
 - the plan explores or measures (``together``): the explored or unmeasured target runs in a
-  task of its own beside the leader, and runs on to its own first token even when the leader
-  wins, so its figure is measured, not guessed, for at most ``measure_cap`` seconds from its
-  start (then it is cut, not blamed, and its time so far stands as a lower bound);
+  task of its own beside the leader, on to its own first token even when the leader wins (its
+  figure measured, not guessed), for at most ``measure_cap`` seconds from its start (then it is
+  cut, not blamed, and its time so far stands as a lower bound);
 - the leader has no first token by ``hedge.after``: the next target starts in a task of its
-  own (once per request). The timer is one more call the deadline sweeper watches, so a
-  request that never hedges arms no timer and starts no task.
+  own (once per request; measured like a learner when its look is due, ``routing/explore.py``).
+  The deadline sweeper watches the timer: a request that never hedges arms none, starts no task.
 
 Who races from the start, who pays and each leader's hedge delay are the plan's (``Opening``,
-``routing/hedge.py``); the race runs them (:class:`Phase`, :class:`Hedging`) and records what
-happened in the route's budget, which only a due hedge still asks. The first racer to commit
-(first token, or a client error returned as it is) wins. A loser is cancelled at once and not
-blamed, but its time so far is a lower bound of its first token (a lost race is evidence,
-``walk/evidence.py``, docs/adr/0022). A racer that fails does not end the race: when none is
-left running, the walk goes on with the rest of the order.
+``routing/hedge.py``); the race runs them (:class:`Phase`, :class:`Hedging`) and records in the
+route's budget what happened and whom it ran (a due hedge still asks it). The first to commit
+(first token, or a client error returned as it is) wins. A loser is cancelled at once, not
+blamed; its time so far is a lower bound of its first token (``walk/evidence.py``, ADR 0022).
+A racer that fails does not end the race: with none left running, the walk goes down the order.
 """
 
 from __future__ import annotations
@@ -47,9 +45,9 @@ Left = Callable[[tuple[Attempt, ...], tuple[Racer, ...]], None]
 
 def walk_route(walker: Walker, providers: Mapping[str, Provider], plan: Plan, call: Call,
                left: Left | None = None) -> Awaitable[Walked]:
-    """Walk the planned order: one target at a time, or as a race on a route with ``hedge``. (Not a
-    coroutine: one frame fewer per request.) ``left`` hears a race's attempts and racers so far when
-    the client leaves before any answered, so the racers it started are still counted."""
+    """Walk the planned order: one target at a time, or as a race on a route with ``hedge`` (not a
+    coroutine: one frame fewer). ``left`` hears a race's attempts and racers so far when the client
+    leaves before any answered, so the racers it started are still counted."""
     route = plan.route
     hedge = route.hedge
     if hedge is None or plan.opening is None:
@@ -81,7 +79,6 @@ class Hedging(enum.Enum):
 
 class _Racer:
     """A target running in a task of its own beside the leader."""
-
     __slots__ = ("cap", "capped", "measuring", "reserved", "started", "target", "task", "trail")
 
     def __init__(self, target: Target, started: float, measuring: bool, reserved: Reservation) -> None:
@@ -141,6 +138,7 @@ class Race:
         self.phase = Phase.OPENING
         self.hedging = Hedging.OPEN
         self.budget = walker.state.budget(route.name, hedge.max_extra)
+        self.mode = STREAMED if call.stream else BUFFERED
         self.inline = self.last = Trail()  # the request task's attempts; the last failure's
         self.inline_started = walker.clock()
         self.racers: list[_Racer] = []
@@ -171,8 +169,7 @@ class Race:
         learner = opening.learner
         if learner is not None:
             if opening.pays == FREE:
-                self.budget.claim_free((learner.key, STREAMED if self.call.stream else BUFFERED),
-                                       self.walker.clock())
+                self.budget.claim_free((learner.key, self.mode), self.walker.clock())
             else:
                 self.budget.spend()
             self._start(measuring=True)
@@ -216,6 +213,7 @@ class Race:
         lead, after the first (which sorts at the request's start, before any racer it began)."""
         self.phase = Phase.LEADING
         self.leader, self.leader_started = target, self.walker.clock()
+        self.budget.look((target.key, self.mode))  # its figure is as fresh as this request (routing/explore.py)
         if again and self.racers:  # a failover inline after a race began: its attempts sort by its own start
             self.later = [*(self.later or ()), (self.leader_started, len(self.inline.attempts))]
         if self.hedging is not Hedging.SPENT and self.queue:
@@ -254,14 +252,16 @@ class Race:
             return
         if not any(role == "leader" for _, role in self.roles):
             self.roles.append(Racer(self.leader.name, "leader"))
-        after = self.walker.clock() - self.leader_started
-        self.roles.append(Racer(self._start(measuring=False).target.name, f"hedge {after:.2f}s"))
+        racer = self._start(measuring=self.queue[0].name in self.opening.due)  # a due look: run to its token
+        self.roles.append(Racer(racer.target.name, f"hedge {racer.started - self.leader_started:.2f}s"))
 
     def _start(self, measuring: bool) -> _Racer:
         target = self.queue.pop(0)
         state = self.walker.state
         reserved = Reservation(state, state.target(target.key), not self.call.stream)
         racer = _Racer(target, self.walker.clock(), measuring, reserved)
+        if measuring:
+            self.budget.look((target.key, self.mode))
         self.racers.append(racer)
         task = racer.task = asyncio.get_running_loop().create_task(self._run(racer))
         task.add_done_callback(lambda _task: reserved.release())  # cancelled before it ever ran

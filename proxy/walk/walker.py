@@ -352,7 +352,7 @@ class Walker:
         if outcome.counts:
             self.state.failed(ts, now, aim.route.cooldown, outcome.word)
         if outcome.retry_after is not None:
-            self.state.cool(ts, now + outcome.retry_after)
+            self.state.cool(ts, now + outcome.retry_after, now)
 
 
 async def _first_token(upstream: Upstream, gate: FirstToken) -> None:

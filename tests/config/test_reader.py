@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
-from proxy.config import load_config, parse_config
+from proxy.config import Hedge, load_config, parse_config
 from proxy.errors import ConfigError
 from proxy.routing.plan import Ask, plan
 from proxy.state import State
@@ -111,10 +111,11 @@ def test_fastest_defaults_explore_and_smoothing_per_adr_0006() -> None:
 @pytest.mark.parametrize(
     ("route", "load_fit", "refresh"),
     [
-        pytest.param({}, False, None, id="without-hedge-no-load-fit-as-before"),
+        pytest.param({"hedge": False}, False, None, id="without-hedge-no-load-fit-as-before"),
+        pytest.param({}, True, 0.3, id="fastest-races-by-default-so-the-load-fit-is-on"),
         pytest.param({"hedge": {}}, True, 0.3, id="under-a-race-the-load-fit-is-on-and-refresh-0.3"),
         pytest.param({"hedge": {}, "fastest": {"load_fit": False}}, False, 0.3, id="off-when-told"),
-        pytest.param({"fastest": {"load_fit": True}}, True, None, id="on-when-told-without-hedge"),
+        pytest.param({"hedge": False, "fastest": {"load_fit": True}}, True, None, id="on-when-told-without-hedge"),
     ],
 )
 def test_load_fit_and_refresh_defaults_per_adr_0008(route: dict[str, Any], load_fit: bool,
@@ -124,6 +125,25 @@ def test_load_fit_and_refresh_defaults_per_adr_0008(route: dict[str, Any], load_
     parsed = parse_config(raw, env={}).routes["chat"]
     assert parsed.fastest.load_fit is load_fit
     assert (None if parsed.hedge is None else parsed.hedge.refresh_secs) == refresh
+
+
+@pytest.mark.parametrize(
+    ("route", "hedge"),
+    [
+        pytest.param({"strategy": "fastest"}, Hedge(), id="fastest-saying-nothing-races-with-the-defaults"),
+        pytest.param({"strategy": "fastest", "hedge": False}, None, id="fastest-hedge-false-does-not-race"),
+        pytest.param({"strategy": "fastest", "hedge": None}, None, id="fastest-hedge-null-does-not-race"),
+        pytest.param({"strategy": "fastest", "hedge": True}, Hedge(), id="hedge-true-is-the-defaults"),
+        pytest.param({"strategy": "fastest", "hedge": {"max_extra": 0.05}}, Hedge(max_extra=0.05), id="told"),
+        pytest.param({}, None, id="ordered-races-only-when-told"),
+        pytest.param({"strategy": "weighted"}, None, id="weighted-races-only-when-told"),
+        pytest.param({"strategy": "ordered", "hedge": True}, Hedge(), id="ordered-told-races"),
+    ],
+)
+def test_a_fastest_route_races_unless_told_not_to(route: dict[str, Any], hedge: Hedge | None) -> None:
+    raw = {"providers": {"s": {"kind": "simulated"}},
+           "routes": {"chat": {"targets": [{"provider": "s", "model": "m"}], **route}}}
+    assert parse_config(raw, env={}).routes["chat"].hedge == hedge
 
 
 def test_unset_key_env_excludes_its_targets_without_a_crash() -> None:

@@ -34,6 +34,8 @@ def test_a_collector_url_turns_it_on_with_defaults() -> None:
     pytest.param({"otlp": "http://:4318/v1/traces"}, "tracing.otlp: is not a URL", id="no-host"),
     pytest.param({"otlp": "http://c:4318", "sample": 1.5}, "tracing.sample: must be at most 1", id="sample-over-one"),
     pytest.param({"otlp": "http://c:4318", "queue": 0}, "tracing.queue: must be at least 1", id="empty-queue"),
+    pytest.param({"otlp": "http://c:4318", "export_every": 0}, "tracing.export_every: must be at least 0.01",
+                 id="export-every-zero"),
     pytest.param({"otlp": "http://c:4318", "endpoint": "x"}, "tracing.endpoint: unknown key", id="unknown-key"),
     pytest.param({"otlp": "http://c:4318", "service_name": ""}, "tracing.service_name: must not be empty",
                  id="empty-service-name"),

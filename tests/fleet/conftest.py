@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -90,7 +92,7 @@ def config(redis: RedisServer, fleet: str, urls: dict[str, str], strategy: str =
         "providers": {n: {"kind": "openai", "base_url": u + "/v1", "timeouts": {"connect": 1, "first_chunk": 2}}
                       for n, u in urls.items()},
         "routes": {"chat": {"strategy": strategy, "cooldown": {"failures": failures, "secs": 30},
-                            "fastest": {"explore": 0},
+                            "fastest": {"explore": 0}, "hedge": False,  # the calls the unraced walk makes
                             "targets": [{"provider": n, "model": "m"} for n in urls]}},
     }
 
@@ -117,3 +119,72 @@ async def call(session: aiohttp.ClientSession, inst: Instance) -> int:
 
 def target(health: dict[str, Any], name: str) -> dict[str, Any]:
     return next(t for t in health["targets"] if t["target"] == name)
+
+
+class Box(Instance):
+    """A supervised box: ready when the supervisor says every worker listens."""
+
+    env: dict[str, str] = {}  # a test's extra environment (systemd's), set before start
+
+    async def start(self) -> Box:  # type: ignore[override]
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.dir / "routes.json")],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "FLEET_PASSWORD": self.password, **self.env})
+        deadline = time.monotonic() + 40  # two interpreters importing firstbyte on a busy machine
+        while "workers listening on" not in self.log.read_text(errors="replace"):
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, self.log.read_text()
+            await asyncio.sleep(0.05)
+        return self
+
+    def rewrite(self, change: dict[str, Any]) -> None:
+        path = self.dir / "routes.json"
+        path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), **change}))
+
+
+def box_config(redis: RedisServer, urls: dict[str, str], failures: int = 3, workers: int = 2) -> dict[str, Any]:
+    return {**config(redis, f"w-{uuid.uuid4().hex[:8]}", urls, failures=failures), "workers": workers}
+
+
+@pytest.fixture
+async def boxes(tmp_path: Path):  # type: ignore[no-untyped-def]
+    started: list[Box] = []
+
+    async def start(cfg: dict[str, Any]) -> Box:
+        box = Box(tmp_path, cfg)
+        started.append(box)  # stopped even when it never says ready
+        return await box.start()
+
+    yield start
+    for box in started:
+        box.stop()
+
+
+async def fresh(box: Box, path: str) -> tuple[int, Any]:
+    """One request on a new connection (the kernel picks the worker anew for each)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
+            session.get(box.url + path) as resp:
+        body = await resp.read()
+        return resp.status, (orjson.loads(body) if path == "/v1/health" else body.decode())
+
+
+def worker_pids(box: Box) -> dict[int, list[int]]:
+    """Each worker slot's processes in the order the supervisor started them."""
+    pids: dict[int, list[int]] = {}
+    for index, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", box.log.read_text(errors="replace")):
+        pids.setdefault(int(index), []).append(int(pid))
+    return pids
+
+
+async def answered_by(box: Box, pid: int, within: float) -> dict[str, Any]:
+    """/v1/health from the worker whose pid is ``pid``, on fresh connections until it answers."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            _, health = await fresh(box, "/v1/health")
+            if health["fleet"]["instance"].split("-")[-2] == str(pid):
+                return health  # type: ignore[no-any-return]
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"worker {pid} did not answer within {within}s:\n{box.log.read_text()}")

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 
-from .conftest import PATH, ROOT, answering, call, config, target
+from .conftest import PATH, ROOT, Instance, answering, call, config, target
 
 
 async def test_a_breaker_opened_in_one_process_excludes_in_the_others_within_100ms(
@@ -110,3 +112,46 @@ async def test_redis_killed_mid_load_loses_no_request_and_the_fleet_rejoins(own_
     logs = [inst.stop() for inst in fleet_]
     for log in logs:  # one line per change: joined, alone, joined again; no line per request or retry
         assert log.count("carrying on alone") == 1 and log.count("joined as") == 2
+
+
+async def _last(session: aiohttp.ClientSession, inst: Instance, name: str, part: str, by: str) -> dict[str, Any]:
+    """The target's last change of ``part`` on ``inst`` once it names ``by`` (waiting at most 2 s)."""
+    deadline = time.monotonic() + 2
+    while True:
+        seen = target(await inst.health(session), name)["last"][part]
+        if seen is not None and seen["by"] == by:
+            return seen  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, f"{part} of {name} still {seen}, not by {by}"
+        await asyncio.sleep(0.01)
+
+
+def _wall(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
+async def test_health_and_explain_say_which_instance_saw_what_last(redis_server, upstreams, instances) -> None:
+    _, bad = answering(status=503)
+    _, good = answering()
+    urls = {"bad": (await upstreams({PATH: bad})).url, "good": (await upstreams({PATH: good})).url}
+    fleet = f"p-{uuid.uuid4().hex[:8]}"
+    a, b = [await instances(config(redis_server, fleet, urls, failures=1)) for _ in range(2)]
+    async with aiohttp.ClientSession() as session:
+        name_a, name_b = [(await i.health(session))["fleet"]["instance"] for i in (a, b)]
+        before = time.time()
+        assert await call(session, a) == 200  # on a: bad fails once (opened), good answers (its figure)
+        after = time.time()
+        figure = await _last(session, b, "good", "figure", name_a)  # b says a measured good, and when
+        breaker = await _last(session, b, "bad", "breaker", name_a)
+        assert figure["what"] == "buffered sample" and breaker["what"] == "opened"
+        for seen in (figure, breaker):  # the wall clock of a's event (same box: no skew; ms stamps)
+            assert before - 0.01 <= _wall(seen["at"]) <= after + 0.01, (seen, before, after)
+        assert await call(session, b) == 200  # b serves good now: a says so
+        assert (await _last(session, a, "good", "figure", name_b))["what"] == "buffered sample"
+        own = target(await a.health(session), "bad")["last"]["breaker"]
+    explained = subprocess.run([sys.executable, "-m", "proxy.cli", "explain", "chat", "--url", a.url],
+                               capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert own["by"] == name_a  # a's own event, named as its access log names a
+    assert f" instance={name_a} " in a.access_log.read_text()
+    assert f"last good: figure buffered sample by {name_b} at " in explained.stdout
+    said = explained.stdout.split(f"last bad: breaker opened by {name_a} at ")[1].split()[0]
+    assert abs(_wall(said) - _wall(own["at"])) < 0.005  # the same event (ms stamps read twice from two clocks)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.fleet.fold import Peers, fold
+from proxy.fleet.fold import Peers, fold, split
 from proxy.state import State
 
 KEYS = {"u|m": [("a", "m"), ("b", "m")]}  # one upstream, two local names
@@ -82,3 +82,27 @@ def test_a_peers_two_lost_races_demote_its_leader_here_too() -> None:
     assert state.tracker.recent(("a", "m"), "streamed") == [0.04]  # one lost race: held, a stall so far
     fold(state, "peer", [["c", "u|m", "streamed", 0.3, 1099.0]], KEYS, 100.0, lambda wall: wall - 1000.0, Peers())
     assert state.tracker.recent(("a", "m"), "streamed") == [0.3, 0.3] and told == []
+
+
+@pytest.mark.parametrize(("limit", "members", "parts"), [
+    pytest.param(4, 1, [4], id="alone-all-of-it"),
+    pytest.param(4, 2, [2, 2], id="even"),
+    pytest.param(5, 2, [3, 2], id="remainder-to-the-first"),
+    pytest.param(10, 3, [4, 3, 3], id="three"),
+    pytest.param(1, 2, [1, 0], id="fewer-places-than-members"),
+])
+def test_a_fleet_limit_is_split_into_parts_that_sum_to_it(limit: int, members: int, parts: list[int]) -> None:
+    assert [split(limit, members, rank) for rank in range(members)] == parts
+    assert sum(parts) == limit
+
+
+def test_members_are_the_peers_heard_lately_and_an_old_heartbeat_is_not_one() -> None:
+    peers = Peers()
+    peers.heard("p2", {}, 10.0)
+    peers.heard("p1", {"u|m": 1}, 10.0, at=9.5)
+    peers.heard("old", {}, 10.0, at=5.0)  # a warm start's heartbeat from 5 s ago
+    assert peers.members(10.0) == ("p1", "p2")
+    assert peers.members(11.6) == ("p2",)  # p1 told at 9.5: gone after 2 s
+    peers.heard("p3", {}, 11.7)
+    assert peers.members(11.7) == ("p2", "p3")
+    assert peers.members(14.0) == ()

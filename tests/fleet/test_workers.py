@@ -13,69 +13,16 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
 from ..conftest import promtool
-from ..redis_server import RedisServer
-from .conftest import PATH, ROOT, Instance, answering, call, config, target
-
-
-class Box(Instance):
-    """A supervised box: ready when the supervisor says every worker listens."""
-
-    env: dict[str, str] = {}  # a test's extra environment (systemd's), set before start
-
-    async def start(self) -> Box:  # type: ignore[override]
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.dir / "routes.json")],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                env={**os.environ, "FLEET_PASSWORD": self.password, **self.env})
-        deadline = time.monotonic() + 40  # two interpreters importing firstbyte on a busy machine
-        while "workers listening on" not in self.log.read_text(errors="replace"):
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, self.log.read_text()
-            await asyncio.sleep(0.05)
-        return self
-
-    def rewrite(self, change: dict[str, Any]) -> None:
-        path = self.dir / "routes.json"
-        path.write_bytes(orjson.dumps({**orjson.loads(path.read_bytes()), **change}))
-
+from .conftest import PATH, ROOT, Box, answered_by, answering, box_config, call, fresh, target, worker_pids
 
 pytestmark = pytest.mark.timeout(150)  # each box starts three interpreters
-
-
-def box_config(redis: RedisServer, urls: dict[str, str], failures: int = 3, workers: int = 2) -> dict[str, Any]:
-    return {**config(redis, f"w-{uuid.uuid4().hex[:8]}", urls, failures=failures), "workers": workers}
-
-
-@pytest.fixture
-async def boxes(tmp_path: Path):  # type: ignore[no-untyped-def]
-    started: list[Box] = []
-
-    async def start(cfg: dict[str, Any]) -> Box:
-        box = Box(tmp_path, cfg)
-        started.append(box)  # stopped even when it never says ready
-        return await box.start()
-
-    yield start
-    for box in started:
-        box.stop()
-
-
-async def fresh(box: Box, path: str) -> tuple[int, Any]:
-    """One request on a new connection (the kernel picks the worker anew for each)."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
-            session.get(box.url + path) as resp:
-        body = await resp.read()
-        return resp.status, (orjson.loads(body) if path == "/v1/health" else body.decode())
 
 
 async def workers_seen(box: Box, tries: int = 40) -> set[int]:
@@ -121,11 +68,13 @@ async def test_a_breaker_opened_through_one_worker_excludes_the_target_on_the_ot
 
 
 def totals(text: str) -> dict[str, float]:
-    """The counters of a scrape (``*_total`` samples and histogram counts) by series."""
+    """The counters of a scrape (``*_total`` samples and histogram counts) by series; not the fleet
+    link's events, which an idle box still sends (each worker's heartbeat, every 0.5 s)."""
     out = {}
     for line in text.splitlines():
         series, _, value = line.rpartition(" ")
-        if not line.startswith("#") and (series.split("{")[0].endswith(("_total", "_count"))):
+        name = series.split("{")[0]
+        if not line.startswith("#") and name.endswith(("_total", "_count")) and not name.startswith("firstbyte_fleet_"):
             out[series] = float(value)
     return out
 
@@ -145,14 +94,6 @@ async def test_metrics_read_twenty_times_give_the_same_totals_whichever_worker_a
     assert all(totals(s) == first for s in scrapes)
     checked = subprocess.run([promtool(), "check", "metrics"], input=scrapes[-1], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-
-
-def worker_pids(box: Box) -> dict[int, list[int]]:
-    """Each worker slot's processes in the order the supervisor started them."""
-    pids: dict[int, list[int]] = {}
-    for index, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", box.log.read_text(errors="replace")):
-        pids.setdefault(int(index), []).append(int(pid))
-    return pids
 
 
 async def models(box: Box) -> set[str]:
@@ -200,7 +141,13 @@ async def test_sigterm_drains_both_workers(redis_server, upstreams, boxes) -> No
     assert box.log.read_text().count("draining: requests in flight get") == 2
 
 
-async def test_a_killed_worker_is_replaced_within_a_second_and_starts_warm(redis_server, upstreams, boxes) -> None:
+# A replaced worker is forked from the supervisor, which imported the server already: on this
+# project's shared 2-core machine at a load average of 13 it answered 0.4-0.9 s after the SIGKILL
+# (scripts/replace_drill.py; a new interpreter took 15-28 s there). 3 s leaves a busy CI box room.
+REPLACED_WITHIN = 3.0
+
+
+async def test_a_killed_worker_is_replaced_and_answers_within_a_bound_warm(redis_server, upstreams, boxes) -> None:
     _, ok = answering(0.005)
     box = await boxes(box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}))
     statuses: list[int | str] = []
@@ -221,20 +168,20 @@ async def test_a_killed_worker_is_replaced_within_a_second_and_starts_warm(redis
     while len(worker_pids(box)[0]) < 2:
         assert time.monotonic() - killed < 1.0, "no new worker within a second"
         await asyncio.sleep(0.01)
+    await answered_by(box, worker_pids(box)[0][1], REPLACED_WITHIN - (time.monotonic() - killed))
     await load
     cut = [s for s in statuses if s != 200]
     assert len(cut) <= 4 and statuses.count(200) >= 156  # only the clients on the killed worker saw an end
     assert f"worker 0 (pid {victim}) killed by SIGKILL" in box.log.read_text()
-    deadline = time.monotonic() + 40
-    while box.log.read_text().count("listening on http") < 3:  # the new worker listens
-        assert time.monotonic() < deadline, box.log.read_text()
-        await asyncio.sleep(0.05)
-    for _ in range(40):  # the new worker's first look: the samples the fleet already had
-        _, health = await fresh(box, "/v1/health")
-        if health["fleet"]["instance"].split("-")[1] == str(worker_pids(box)[0][1]):
-            assert target(health, "up")["buffered"]["samples"] > 0
-            return
-    raise AssertionError("the new worker never answered")
+    await asyncio.sleep(0.5)  # the last samples have travelled
+    new = await answered_by(box, worker_pids(box)[0][1], 10)
+    older = await answered_by(box, worker_pids(box)[1][0], 10)
+    assert target(new, "up")["buffered"]["samples"] > 0  # warm: the fleet's samples, not its own few
+    assert target(new, "up")["buffered"]["samples"] == target(older, "up")["buffered"]["samples"]
+    # The same samples; the figure weighs them in the order each process took them (its own at
+    # once, a peer's a round trip later), so two workers' figures differ by a few per cent at most.
+    figure, fleets = target(new, "up")["buffered"]["figure_s"], target(older, "up")["buffered"]["figure_s"]
+    assert abs(figure - fleets) <= 0.1 * fleets
 
 
 async def test_systemd_hears_the_box_from_the_supervisor(redis_server, upstreams, tmp_path: Path) -> None:

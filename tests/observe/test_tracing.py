@@ -40,12 +40,14 @@ class Collector:
 
     def __init__(self) -> None:
         self.spans: list[tuple[dict[str, Any], Span]] = []  # (resource attributes, span)
+        self.posts: list[int] = []  # spans per export, in arrival order
         self.url = ""
         self.runner: web.AppRunner | None = None
 
     async def _traces(self, request: web.Request) -> web.Response:
         assert request.headers["content-type"] == "application/x-protobuf"
         export = ExportTraceServiceRequest.FromString(await request.read())
+        self.posts.append(sum(len(ss.spans) for rs in export.resource_spans for ss in rs.scope_spans))
         for rs in export.resource_spans:
             resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
             for ss in rs.scope_spans:
@@ -212,3 +214,79 @@ async def test_a_collector_that_never_answers_costs_requests_nothing(upstreams: 
         for writer in held:
             writer.close()
         black_hole.close()
+
+
+async def test_requests_that_share_a_route_and_outcome_each_keep_their_own_ids_and_figures(
+        collector: Collector, upstreams: Any) -> None:
+    """The parts of a span a route, status and outcome decide are encoded once and reused: what
+    differs per request (request id, decision header, ids, times) is each request's own, and a
+    different status makes a different span."""
+    up: FakeUpstream = await upstreams({"/ok/v1/chat/completions": ok_handler("hi"),
+                                        "/down/v1/chat/completions": status_handler(400, "bad")})
+    raw = route_config([{"provider": "up", "model": "m-up"}], {"up": openai_provider(up.url + "/ok")})
+    raw["providers"]["down"] = openai_provider(up.url + "/down")
+    raw["routes"]["bad"] = {"targets": [{"provider": "down", "model": "m-down"}]}
+    raw["tracing"] = {"otlp": collector.url}
+    hub, runner, url = await traced_gateway(raw)
+    traces = [f"{n:032x}" for n in range(1, 4)]
+    try:
+        answers = [await chat(url, {"traceparent": f"00-{trace}-{PARENT}-01"}, model=model)
+                   for trace, model in zip(traces, ("chat", "chat", "bad"), strict=True)]
+        found = [await collector.wait_for(trace, 2) for trace in traces]
+    finally:
+        await runner.cleanup()
+        await hub.close()
+    assert [status for status, _ in answers] == [200, 200, 400]
+    pairs = []
+    for (_, headers), spans, trace in zip(answers, found, traces, strict=True):
+        (request,) = [s for s in spans if s.kind == Span.SPAN_KIND_SERVER]
+        (attempt,) = [s for s in spans if s.kind == Span.SPAN_KIND_CLIENT]
+        a = attrs(request)
+        assert headers["x-route-decision"].startswith(f"id={a['firstbyte.request_id']};")
+        assert a["firstbyte.decision"] == headers["x-route-decision"]
+        assert attempt.parent_span_id == request.span_id and request.trace_id.hex() == trace
+        pairs.append((request, attempt))
+    assert len({request.span_id for request, _ in pairs} | {attempt.span_id for _, attempt in pairs}) == 6
+    ok, bad = attrs(pairs[1][0]), pairs[2][1]
+    assert ok["http.response.status_code"] == 200 and "error.type" not in ok
+    assert attrs(pairs[2][0])["http.response.status_code"] == 400
+    assert attrs(bad)["error.type"] == "400" and bad.status.code == Status.STATUS_CODE_ERROR
+    assert bad.name == "chat m-down"
+
+
+async def _load(url: str, workers: int, each: int) -> None:
+    async with aiohttp.ClientSession() as s:
+        async def calls() -> None:
+            for _ in range(each):
+                async with s.post(url + "/v1/chat/completions", json={
+                        "model": "chat", "messages": [{"role": "user", "content": "hi"}]}) as r:
+                    assert r.status == 200
+                    await r.read()
+
+        await asyncio.gather(*(calls() for _ in range(workers)))
+
+
+@pytest.mark.parametrize(("requests", "posts"), [
+    pytest.param(256, 1, id="one-batch"),
+    pytest.param(640, 2, id="a-steady-stream-makes-full-batches"),
+])
+async def test_full_batches_are_posted_at_once_not_at_the_next_tick(
+        collector: Collector, upstreams: Any, requests: int, posts: int) -> None:
+    """``export_every: 60``: each batch of 512 spans (256 requests of two spans) goes at once, so a
+    busy gateway's queue never fills between two ticks; what comes in while a post is out waits
+    for the next full batch (no post per few requests), and the rest goes at the stop."""
+    up: FakeUpstream = await upstreams({"*": ok_handler("hi")})
+    raw = route_config([{"provider": "up", "model": "m-up"}], {"up": openai_provider(up.url)})
+    raw["tracing"] = {"otlp": collector.url, "export_every": 60}
+    hub, runner, url = await traced_gateway(raw)
+    try:
+        await _load(url, 8, requests // 8)
+        deadline = time.monotonic() + 20
+        while len(collector.posts) < posts and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert len(collector.posts) == posts and min(collector.posts) >= 512, collector.posts
+    finally:
+        await runner.cleanup()
+        await hub.close()
+    assert sum(collector.posts) == 2 * requests  # the stop sent what was left

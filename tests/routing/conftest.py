@@ -25,6 +25,12 @@ def config(strategy: str, targets: list[dict[str, Any]], **route: Any) -> Config
     return parse_config(raw, env={})
 
 
+def unraced(targets: list[dict[str, Any]], **route: Any) -> Config:
+    """A ``fastest`` route with ``hedge: false``: the walk one target at a time (a ``fastest`` route that
+    says nothing races, docs/routing.md "The default")."""
+    return config("fastest", targets, hedge=False, **route)
+
+
 def fig(name: str, *secs: float, ago: float = 0.0) -> Setup:
     """Samples of time to first chunk for target ``name``, the newest ``ago`` seconds before NOW."""
 

@@ -15,7 +15,7 @@ from proxy.config import Config, Cooldown, parse_config
 from proxy.routing.plan import Ask, Refused, plan
 from proxy.state import State
 
-from .conftest import NOW, Setup, config, fig, t
+from .conftest import NOW, Setup, config, fig, t, unraced
 
 # State builders: each returns a function that moves a fresh State into shape.
 
@@ -32,6 +32,11 @@ def probing(name: str) -> Setup:
         assert breaker.begin(NOW - 1) == "probe"
 
     return setup
+
+
+def peers_measure(*names: str, mode: str = "streamed") -> Setup:
+    """Other instances of the fleet hold the measuring claims of these targets (fleet/measures.py)."""
+    return lambda s: s.set_measuring(frozenset(((n, "m"), mode) for n in names))
 
 
 def cooled(name: str, secs: float) -> Setup:
@@ -121,55 +126,67 @@ ORDERING = [
     pytest.param(config("weighted", W), (), {}, 5,
                  H + "weighted; order=d(weighted), b(unmeasured), a(unmeasured), c(unmeasured)",
                  id="weighted-seed-5"),
-    pytest.param(config("fastest", [t("a"), t("b"), t("c")]), (fig("b", 0.3),), {}, 7,
+    pytest.param(unraced([t("a"), t("b"), t("c")]), (fig("b", 0.3),), {}, 7,
                  H + "fastest; order=a(unmeasured), c(unmeasured), b(0.30s)", id="fastest-unmeasured-first-written"),
-    pytest.param(config("fastest", [t("a"), t("b"), t("c")], fastest={"explore": 0}),
+    pytest.param(unraced([t("a"), t("b"), t("c")], fastest={"explore": 0}),
                  (fig("a", 0.9), fig("b", 0.3), fig("c", 0.5)), {}, 7,
                  H + "fastest; order=b(fastest 0.30s), c(0.50s), a(0.90s)", id="fastest-by-figure"),
-    pytest.param(config("fastest", [t("a"), t("b"), t("c")], fastest={"explore": 1.0}),
+    pytest.param(unraced([t("a"), t("b"), t("c")]), (peers_measure("a", "b"),), {}, 7,
+                 H + "fastest; order=c(unmeasured), a(unmeasured), b(unmeasured)",
+                 id="fastest-peers-measure-a-and-b-this-one-c"),
+    pytest.param(unraced([t("a"), t("b"), t("c")]), (peers_measure("a"), fig("c", 0.5)), {}, 7,
+                 H + "fastest; order=b(unmeasured), c(0.50s), a(unmeasured)",
+                 id="fastest-a-peer-measures-a-it-goes-behind-the-measured"),
+    pytest.param(unraced([t("a"), t("b")]), (peers_measure("a", "b"),), {}, 7,
+                 H + "fastest; order=a(unmeasured), b(unmeasured)",
+                 id="fastest-peers-measure-all-no-wait-fewest-first"),
+    pytest.param(unraced([t("a"), t("b")]), (peers_measure("a", mode="buffered"),), {}, 7,
+                 H + "fastest; order=a(unmeasured), b(unmeasured)",
+                 id="fastest-a-peers-buffered-claim-leaves-streamed-alone"),
+    pytest.param(unraced([t("a"), t("b"), t("c")], fastest={"explore": 1.0}),
                  (fig("a", 0.9), fig("b", 0.3), fig("c", 0.5)), {}, 7,
                  H + "fastest; order=c(explore 0.50s), b(0.30s), a(0.90s)", id="fastest-explore-seeded"),
-    pytest.param(config("fastest", [t("a"), t("b"), t("c")], fastest={"explore": 1.0}),
+    pytest.param(unraced([t("a"), t("b"), t("c")], fastest={"explore": 1.0}),
                  (fig("a", 0.9), fig("b", 0.3), fig("c", 0.5)), {"explore": False}, 7,
                  H + "fastest; order=b(fastest 0.30s), c(0.50s), a(0.90s)", id="fastest-explain-never-explores"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "signal": "ewma", "alpha": 0.3}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "signal": "ewma", "alpha": 0.3}),
                  (fig("a", 0.1, 0.1, 0.1, 1.0), fig("b", 0.3, 0.3, 0.3, 0.3)), {}, 7,
                  H + "fastest; order=b(fastest 0.30s), a(0.37s)", id="fastest-ewma-feels-the-spike"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "signal": "p50"}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "signal": "p50"}),
                  (fig("a", 0.1, 0.1, 0.1, 1.0), fig("b", 0.3, 0.3, 0.3, 0.3)), {}, 7,
                  H + "fastest; order=a(fastest 0.10s), b(0.30s)", id="fastest-p50-ignores-the-spike"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "signal": "p50", "window": 2}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "signal": "p50", "window": 2}),
                  (fig("a", 0.1, 0.1, 0.1, 1.0), fig("b", 0.3, 0.3, 0.3, 0.3)), {}, 7,
                  H + "fastest; order=b(fastest 0.30s), a(0.55s)", id="fastest-p50-over-window"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "signal": "ewma", "alpha": 0.3}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "signal": "ewma", "alpha": 0.3}),
                  (fig("a", *[1.0] * 10, 0.1), fig("b", 0.3, 0.3)), {}, 7,
                  H + "fastest; order=a(fastest 0.28s), b(0.30s)", id="fastest-ewma-recovery-taken-at-once"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "signal": "p50"}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "signal": "p50"}),
                  (fig("a", *[1.0] * 10, 0.1), fig("b", 0.3, 0.3)), {}, 7,
                  H + "fastest; order=a(fastest 0.28s), b(0.30s)", id="fastest-p50-recovery-taken-at-once"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "signal": "ewma", "alpha": 0.3}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "signal": "ewma", "alpha": 0.3}),
                  (fig("a", *[1.0] * 10, 0.6), fig("b", 0.7, 0.7)), {}, 7,
                  H + "fastest; order=b(fastest 0.70s), a(0.88s)", id="fastest-less-than-halved-is-smoothed"),
     pytest.param(config("ordered", [t("a"), t("b")], fastest={"alpha": 0.3}),
                  (fig("a", *[1.0] * 10, 0.1), fig("b", 0.3, 0.3)), {}, 7,
                  H + "ordered; order=a(written 0.73s), b(0.30s)", id="recovery-rule-is-fastest-only"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "min_samples": 2}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "min_samples": 2}),
                  (fig("a", 0.1), fig("b", 0.3, 0.3)), {}, 7,
                  H + "fastest; order=a(unmeasured), b(0.30s)", id="fastest-too-few-samples-is-unmeasured"),
-    pytest.param(config("fastest", [t("a"), t("b")], fastest={"explore": 0, "max_age_secs": 60}),
+    pytest.param(unraced([t("a"), t("b")], fastest={"explore": 0, "max_age_secs": 60}),
                  (fig("a", 0.1, ago=61), fig("b", 0.3, ago=59)), {}, 7,
                  H + "fastest; order=a(unmeasured), b(0.30s)", id="fastest-stale-figure-is-unmeasured"),
-    pytest.param(config("fastest", [t("a", quality=1.0), t("b", quality=0.1)],
+    pytest.param(unraced([t("a", quality=1.0), t("b", quality=0.1)],
                         fastest={**Q, "quality_weight": 0}),
                  (fig("a", 3.0), fig("b", 1.0)), {}, 7,
                  H + "fastest; order=b(fastest 1.00s), a(3.00s)", id="quality-weight-0-is-speed-order"),
-    pytest.param(config("fastest", [t("a", quality=0.2), t("b", quality=1.0)], fastest=Q),
+    pytest.param(unraced([t("a", quality=0.2), t("b", quality=1.0)], fastest=Q),
                  (fig("a", 1.0), fig("b", 3.0)), {}, 7,
                  H + "fastest; order=b(fastest 3.00s), a(1.00s)", id="quality-blend-prefers-quality"),
-    pytest.param(config("fastest", [t("a", quality=0.8), t("b", quality=0.8)], fastest=Q),
+    pytest.param(unraced([t("a", quality=0.8), t("b", quality=0.8)], fastest=Q),
                  (fig("a", 0.9), fig("b", 0.5)), {}, 7,
                  H + "fastest; order=b(fastest 0.50s), a(0.90s)", id="quality-blend-tie-by-speed"),
-    pytest.param(config("fastest", [t("a", quality=0.6), t("b")], fastest={**Q, "unknown_quality": 0.7}),
+    pytest.param(unraced([t("a", quality=0.6), t("b")], fastest={**Q, "unknown_quality": 0.7}),
                  (fig("a", 1.0), fig("b", 1.0)), {}, 7,
                  H + "fastest; order=b(fastest 1.00s), a(1.00s)", id="quality-undeclared-counts-unknown_quality"),
     pytest.param(config("cheapest", [t("a", price={"input": 3, "output": 15}), t("b"),
@@ -199,7 +216,7 @@ def test_ordering(cfg: Config, setups: tuple[Setup, ...], ask: dict[str, Any], s
 PINS = [
     pytest.param(config("ordered", [t("a"), t("b"), t("c")]), (), {"pin": "b"},
                  H + "ordered; order=b(pinned), a(unmeasured), c(unmeasured)", id="pin-goes-first-rest-is-fallback"),
-    pytest.param(config("fastest", [t("a"), t("b"), t("c")], fastest={"explore": 1.0}),
+    pytest.param(unraced([t("a"), t("b"), t("c")], fastest={"explore": 1.0}),
                  (fig("a", 0.5), fig("b", 0.9), fig("c", 0.2)), {"pin": "b"},
                  H + "fastest; order=b(pinned 0.90s), c(0.20s), a(0.50s)", id="pin-then-fastest-without-explore"),
     pytest.param(config("ordered", [t("a"), t("b")]), (opened("a"),), {"pin": "b"},

@@ -382,7 +382,7 @@ async def test_fastest_converges_to_the_faster_upstream(upstreams, proxy):
     p = await proxy(route_config(
         [{"provider": "slow", "model": "m"}, {"provider": "fast", "model": "m"}],
         {"slow": openai_provider(slow.url), "fast": openai_provider(fast.url)},
-        strategy="fastest", fastest={"explore": 0, "seed": 1},
+        strategy="fastest", fastest={"explore": 0, "seed": 1}, hedge=False,
     ))
     served = []
     reasons = []
@@ -396,6 +396,26 @@ async def test_fastest_converges_to_the_faster_upstream(upstreams, proxy):
     assert reasons[:2] == ["unmeasured", "unmeasured"]
     assert served[2:] == ["fast"] * 4
     assert reasons[2:] == ["fastest"] * 4
+
+
+async def test_a_fastest_route_saying_nothing_about_hedge_races_from_its_first_request(upstreams, proxy):
+    async def slow_handle(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.3)
+        return await ok_handler("slow")(request)
+
+    slow = await upstreams({"/v1/chat/completions": slow_handle})
+    fast = await upstreams({"/v1/chat/completions": ok_handler("fast")})
+    p = await proxy(route_config(
+        [{"provider": "slow", "model": "m"}, {"provider": "fast", "model": "m"}],
+        {"slow": openai_provider(slow.url), "fast": openai_provider(fast.url)},
+        strategy="fastest", fastest={"explore": 0, "seed": 1},
+    ))
+    _, headers, _ = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    d = decision_of(headers)
+    # Unraced, the written-first slow target would serve the first request alone (the test above);
+    # by default the unmeasured fast one races it and wins.
+    assert d.served == "fast"
+    assert {name for name, _ in d.race} == {"slow", "fast"}
 
 
 async def test_unknown_route_is_404_model_not_found(proxy):

@@ -44,6 +44,14 @@ async def test_simulate_serves_the_openai_shape_over_http(tmp_path: Path, unused
             stats = await resp.json()
         assert stats["served"] == 3
         assert stats["cold"] == 1 and stats["stalled"] == 0  # one call had begun when the first chunk went out
+        # A harness that started its processes slowly starts the schedule and the counts again.
+        async with aiohttp.ClientSession() as session:
+            async with session.post(base[:-3] + "/sim/restart") as resp:
+                assert resp.status == 200
+            async with session.get(base[:-3] + "/sim/stats") as resp:
+                again = await resp.json()
+        assert (again["served"], again["cold"], again["stalled"]) == (0, None, 0)
+        assert again["elapsed_s"] < stats["elapsed_s"]
     finally:
         proc.terminate()
         await proc.wait()

@@ -63,7 +63,7 @@ def opened(state: State, ts: TargetState) -> None:
     pytest.param(opened, lambda s, ts: s.health(KEY, 1.0).state == OPEN, id="failure-at-threshold-opens"),
     pytest.param(lambda s, ts: (opened(s, ts), s.first_token(ts, 0.1, 11.0, STREAMED, 0)),
                  lambda s, ts: s.health(KEY, 11.0).usable and ts.breaker.failures == 0, id="success-closes"),
-    pytest.param(lambda s, ts: s.cool(ts, 5.0),
+    pytest.param(lambda s, ts: s.cool(ts, 5.0, 1.0),
                  lambda s, ts: not s.health(KEY, 1.0).usable and s.health(KEY, 5.0).usable, id="retry-after-cools"),
     pytest.param(lambda s, ts: (opened(s, ts), s.admit(ts, 11.0)),
                  lambda s, ts: s.admit(ts, 11.0) == WAIT, id="probe-claimed-others-wait"),
@@ -79,6 +79,61 @@ def test_each_change_has_its_method(change: Callable[[State, TargetState], Any],
     assert expect(state, ts)
 
 
+def named(state: State) -> State:
+    state.instance = "me"
+    return state
+
+
+@pytest.mark.parametrize(("change", "figure_by", "breaker_by"), [
+    pytest.param(lambda s, ts: s.first_token(ts, 0.2, 1.0, STREAMED, 0), ("me", "streamed sample", 1.0), None,
+                 id="own-sample"),
+    pytest.param(lambda s, ts: (opened(s, ts), s.first_token(ts, 0.2, 11.0, BUFFERED, 0)),
+                 ("me", "buffered sample", 11.0), ("me", "closed", 11.0), id="own-answer-closes"),
+    pytest.param(lambda s, ts: s.censored(ts, 0.3, 2.0, STREAMED), ("me", "streamed bound", 2.0), None,
+                 id="own-bound"),
+    pytest.param(lambda s, ts: s.failed(ts, 3.0, TWO, "timeout"), None, ("me", "failure timeout", 3.0),
+                 id="own-failure-under-threshold"),
+    pytest.param(opened, None, ("me", "opened", 0.0), id="own-opening"),
+    pytest.param(lambda s, ts: s.cool(ts, 9.0, 4.0), None, ("me", "cooled", 4.0), id="own-retry-after"),
+    pytest.param(lambda s, ts: s.heard_sample(ts, 0.2, 5.0, STREAMED, False, "peer"),
+                 ("peer", "streamed sample", 5.0), None, id="peers-sample"),
+    pytest.param(lambda s, ts: (opened(s, ts), s.heard_sample(ts, 0.2, 12.0, STREAMED, False, "peer")),
+                 ("peer", "streamed sample", 12.0), ("peer", "closed", 12.0), id="peers-answer-closes"),
+    pytest.param(lambda s, ts: s.heard_failure(ts, 6.0, ONE, "peer"), None, ("peer", "opened", 6.0),
+                 id="peers-failure-opens-here"),
+    pytest.param(lambda s, ts: s.heard_failure(ts, 6.0, TWO, "peer"), None, ("peer", "failure", 6.0),
+                 id="peers-failure-counts"),
+    pytest.param(lambda s, ts: (opened(s, ts), s.heard_open(ts, 10.0, 10.0, "peer", 7.0)), None,
+                 ("me", "opened", 0.0), id="peers-same-opening-changes-nothing"),
+    pytest.param(lambda s, ts: (opened(s, ts), s.heard_open(ts, 30.0, 20.0, "peer", 7.0)), None,
+                 ("peer", "opened", 7.0), id="peers-reopening"),
+    pytest.param(lambda s, ts: s.heard_cool(ts, 20.0, "peer", 8.0), None, ("peer", "cooled", 8.0),
+                 id="peers-retry-after"),
+])
+def test_each_change_says_who_made_it_and_when(change: Callable[[State, TargetState], Any],
+                                               figure_by: Any, breaker_by: Any) -> None:
+    state = named(State())
+    ts = state.target(KEY)
+    change(state, ts)
+    assert (ts.figure_by, ts.breaker_by) == (figure_by, breaker_by)
+
+
+@pytest.mark.parametrize(("measuring", "local", "mode", "want"), [
+    pytest.param(frozenset(), 0, STREAMED, 0, id="nobody"),
+    pytest.param(frozenset({(KEY, STREAMED)}), 0, STREAMED, 1, id="a-peer-measures-it"),
+    pytest.param(frozenset({(KEY, STREAMED)}), 1, STREAMED, 2, id="a-peer-and-a-call-of-ours"),
+    pytest.param(frozenset({(KEY, BUFFERED)}), 0, STREAMED, 0, id="the-other-mode-is-another-figure"),
+    pytest.param(frozenset({(KEY, STREAMED)}), 1, None, 1, id="the-load-is-our-calls-only"),
+])
+def test_a_peers_measuring_claim_counts_as_a_call_measuring_the_target(
+        measuring: frozenset[Any], local: int, mode: str | None, want: int) -> None:
+    state = State()
+    if local:
+        state.call_admitted(state.target(KEY), False)
+    state.set_measuring(measuring)
+    assert state.in_flight(KEY, mode) == want
+
+
 def test_costs_are_swapped_in_whole() -> None:
     state = State()
     state.set_costs({("a", "chat"): 0.002})
@@ -86,7 +141,7 @@ def test_costs_are_swapped_in_whole() -> None:
 
 
 FIELDS = {"in_flight", "buffering", "retired", "failures", "state", "open_until", "cool_until", "probing",
-          "cooldown", "costs"}
+          "cooldown", "costs", "figure_by", "breaker_by", "measuring"}
 MUTATORS = {("breaker", "begin"), ("breaker", "success"), ("breaker", "failure"), ("breaker", "cool"),
             ("breaker", "abandon_probe"), ("history", "append"), ("tracker", "record"), ("tracker", "censor")}
 

@@ -52,3 +52,24 @@ async def test_cancelled_waiter_gives_its_place_back() -> None:
     assert lim.active == 0
     await lim.acquire()  # the queue place is free again
     assert lim.active == 1
+
+
+async def test_a_fleet_share_caps_the_calls_and_a_grown_share_wakes_the_queue() -> None:
+    part = {"now": 1}
+    lim = Limiter(limit=4, queue=4, share=lambda limit: part["now"])  # this instance's part of the fleet's 4
+    await lim.acquire()
+    waiters = [asyncio.create_task(lim.acquire()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert lim.active == 1 and len(lim.waiters) == 2
+    part["now"] = 4  # a member left (or the link dropped): the whole limit is this instance's
+    lim.wake()
+    await asyncio.gather(*waiters)
+    assert lim.active == 3 and not lim.waiters
+    part["now"] = 2  # a member joined: calls above the new part run out, none is let in meanwhile
+    lim.release()
+    third = asyncio.create_task(lim.acquire())
+    await asyncio.sleep(0)
+    assert lim.active == 2 and len(lim.waiters) == 1
+    lim.release()
+    await third
+    assert lim.active == 2

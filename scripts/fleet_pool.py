@@ -1,0 +1,286 @@
+"""scripts/fleet_pool.py: a fleet's time to first chunk on simulate-pool's scenarios, against one instance's.
+
+Issue 26's goal: a fleet (``--instances`` real ``firstbyte serve`` processes sharing one real
+``redis-server``, a client sending round-robin over them) answers within 5 % of one instance's mean
+time to first chunk, on the same scenarios. For each scenario and repeat it runs ``one`` (one
+``firstbyte serve``, no ``state``: exactly as today) and ``fleet``, interleaved in the same run (one,
+fleet, then fleet, one: each meets the machine as the other does), each with fresh simulators on the
+scenario's schedule (``scripts/simulate_pool.py``'s ``SCENARIOS``, imported, not copied) and fresh
+firstbyte processes, so each starts cold; a fleet run's Redis stream is its own (a fleet name per run).
+
+The firstbyte processes start and report ready (``/readyz``: the fleet's warm start is done) before
+the simulators start, so both modes begin load at the same point of the schedule however long three
+processes take to start on a busy machine. A closed loop of streamed calls (``--concurrency``, the
+scenario's own by default) measures time to first chunk at the client; ``x sched choice`` is the
+served target's scheduled ``first_chunk_ms`` (simulate-pool's ``served_ms``): what the routing chose,
+free of the CPU noise a 2-core machine adds to the wire figure (not computed for the ``load``
+scenario, whose cost depends on the calls waiting). Ports: ``--port-base`` takes consecutive free
+ports from there (manual runs on a shared machine keep to their range); 0 lets the kernel choose.
+
+    .venv/bin/python scripts/fleet_pool.py [--instances 3] [--strategy fastest-ewma] [--repeats 2]
+                                           [--scenarios ...] [--quick] [--port-base 42310]
+
+Writes ``bench-results/fleet-pool.json``. Not run by the test suite (it is a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench
+import simulate_pool as pool
+
+from proxy.routing.decision import parse_header
+
+OUT = bench.ROOT / "bench-results"
+GOAL = 1.05  # the fleet's mean time to first chunk within this of one instance's
+MODES = ("one", "fleet")
+
+
+class Ports:
+    """Free loopback ports taken in turn from ``base`` to ``base + span - 1``, then from ``base`` again
+    (a finished run's processes are gone by then); ``base`` 0: the kernel's choice each time."""
+
+    def __init__(self, base: int, span: int = 100) -> None:
+        self.base, self.span, self.turn = base, span, 0
+
+    def take(self) -> int:
+        if not self.base:
+            return int(bench.free_port())
+        for _ in range(self.span):
+            port, self.turn = self.base + self.turn, (self.turn + 1) % self.span
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.bind(("127.0.0.1", port))
+                return port
+        raise RuntimeError(f"no free port in {self.base}-{self.base + self.span - 1}")
+
+
+def start_redis(ports: Ports, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("redis-server") or sys.exit("redis-server is not installed")
+    port = ports.take()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp), "--loglevel", "warning"], stdout=subprocess.DEVNULL)
+    bench.wait_port(port, proc)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def sim_command(scenario: dict[str, Any], name: str, seed: int, port: int, span: float, schedule: Path) -> list[str]:
+    """One simulator on its schedule, as simulate-pool starts it (steps in seconds of ``span``)."""
+    spec = scenario[name]
+    schedule.write_text(json.dumps([{**s, "at": s["at"] * span} for s in spec.get("steps", [])]))
+    return [str(bench.BIN / "firstbyte"), "simulate", "--port", str(port),
+            "--first-chunk-ms", str(spec["first_chunk_ms"]), "--jitter-ms", str(spec.get("jitter_ms", 0)),
+            "--chunk-ms", "1", "--chunks", "2", "--fail-rate", str(spec.get("fail_rate", 0.0)),
+            "--stall-rate", str(spec.get("stall_rate", 0.0)), "--stall-ms", str(spec.get("stall_ms", 0.0)),
+            "--load-ms", str(spec.get("load_ms", 0.0)), "--seed", str(seed), "--schedule", str(schedule)]
+
+
+async def ready(urls: list[str]) -> None:
+    """Every instance answers ``/readyz`` 200 (a fleet member has finished its warm start)."""
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            for _ in range(1200):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(url + "/readyz") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.025)
+            else:
+                raise RuntimeError(f"{url} never became ready")
+
+
+async def round_robin(urls: list[str], concurrency: int, until: float, starts: dict[str, float],
+                      scenario: dict[str, Any], span: float) -> list[dict[str, Any]]:
+    """Closed-loop streamed calls until ``until``, each to the next instance in turn (one counter for
+    every worker: a round-robin balancer); time to first chunk, the served target, its scheduled cost."""
+    body = orjson.dumps({"model": "pool", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    headers = {"content-type": "application/json"}
+    turn = itertools.count()
+    loaded = any(scenario[n].get("load_ms") for n in pool.NAMES)
+    calls: list[dict[str, Any]] = []
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < until:
+            sent = time.monotonic()
+            record: dict[str, Any] = {"ok": False}
+            try:
+                async with session.post(urls[next(turn) % len(urls)] + "/v1/chat/completions", data=body,
+                                        headers=headers) as resp:
+                    first = await resp.content.readany()
+                    record["ttfc_ms"] = (time.monotonic() - sent) * 1000
+                    await resp.read()
+                    record["ok"] = resp.status == 200 and bool(first)
+                    decision = parse_header(resp.headers["x-route-decision"])
+                    record["served"] = served = decision.served
+                    if record["ok"] and served in pool.NAMES and not loaded:
+                        knobs = pool.knobs_at(scenario[served], sent - starts[served], span)
+                        role = dict(decision.race).get(served, "")
+                        record["sched_ms"] = pool.served_ms(knobs, record["ttfc_ms"], role)
+            except (aiohttp.ClientError, KeyError, ValueError):
+                record["ok"] = False
+            calls.append(record)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return calls
+
+
+def start_many(procs: bench.Procs, commands: dict[str, tuple[list[str], int]]) -> None:
+    """``Procs.start_many`` with a minute for each port: three processes starting at once on a machine
+    shared by several engineers' test runs can take longer than the bench's 20 s."""
+    started = [(procs.spawn(name, args), port) for name, (args, port) in commands.items()]
+    for proc, port in started:
+        bench.wait_port(port, proc, timeout=60)
+
+
+def run_one(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scenario_name: str, mode: str,
+            rep: int) -> list[dict[str, Any]]:
+    """``run_once``, once more with fresh ports when a process could not start (as simulate-pool does)."""
+    try:
+        return run_once(args, ports, tmp, redis, scenario_name, mode, rep)
+    except RuntimeError as exc:
+        print(f"  retrying: {exc}", file=sys.stderr, flush=True)
+        return run_once(args, ports, tmp, redis, scenario_name, mode, rep)
+
+
+def run_once(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scenario_name: str, mode: str,
+             rep: int) -> list[dict[str, Any]]:
+    """Fresh firstbyte process(es), ready; then fresh simulators; load for the scenario's seconds."""
+    scenario = pool.SCENARIOS[scenario_name]
+    seconds, concurrency = pool.run_length(args, scenario)
+    span = seconds + args.lead
+    procs = bench.Procs(tmp)
+    try:
+        sims = {n: ports.take() for n in pool.NAMES}
+        route = pool.route_of(args, args.strategy)
+        count = args.instances if mode == "fleet" else 1
+        providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sims.items()}
+        state = {"state": {"redis": redis, "fleet": f"pool-{scenario_name}-{rep}"}} if mode == "fleet" else {}
+        commands: dict[str, tuple[list[str], int]] = {}
+        urls = []
+        for i in range(count):
+            port = ports.take()
+            config = {"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"}, **state,
+                      "providers": providers, "routes": {"pool": route}}
+            path = tmp / f"fb{i}.json"
+            path.write_text(json.dumps(config))
+            commands[f"firstbyte-{i}"] = ([str(bench.BIN / "firstbyte"), "serve", "--config", str(path)], port)
+            urls.append(f"http://127.0.0.1:{port}")
+        start_many(procs, commands)
+        asyncio.run(ready(urls))
+        start_many(procs, {f"sim-{n}": (sim_command(scenario, n, i + 1, sims[n], span, tmp / f"{n}.json"), sims[n])
+                           for i, n in enumerate(pool.NAMES)})
+        starts = asyncio.run(pool.sim_offsets(sims))
+        until = min(starts.values()) + span
+        return asyncio.run(round_robin(urls, concurrency, until, starts, scenario, span))
+    finally:
+        procs.stop_all()
+
+
+def summary(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [c for c in calls if c["ok"]]
+    ttfc = sorted(c["ttfc_ms"] for c in ok)
+    sched = [c["sched_ms"] for c in ok if "sched_ms" in c]
+    return {"requests": len(calls), "errors": len(calls) - len(ok), "mean_ms": statistics.fmean(ttfc),
+            "p99_ms": ttfc[int(0.99 * (len(ttfc) - 1))], "sched_ms": statistics.fmean(sched) if sched else None,
+            "share": {n: sum(c.get("served") == n for c in ok) / len(ok) for n in pool.NAMES}}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+def shares(s: dict[str, Any]) -> str:
+    return "/".join(f"{s['share'][n] * 100:.0f}" for n in pool.NAMES)
+
+
+def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"\nfleet-pool: {args.instances} instances + redis-server, round-robin client, against one instance "
+          f"(no state); strategy {args.strategy}; {args.repeats} interleaved repeat(s); pooled over repeats")
+    head = (f"{'scenario':<24}{'c':>3}{'one ms':>8}{'fleet ms':>9}{'x one':>7}{'repeats x one':>18}"
+            f"{'p99 one':>8}{'p99 fleet':>10}{'sched one':>10}{'sched fleet':>12}{'err':>6}{'share one':>12}"
+            f"{'share fleet':>12}")
+    print(head)
+    print("-" * len(head))
+    for name, res in results.items():
+        one, fleet = res["one"], res["fleet"]
+        each = " ".join(f"{r:.3f}" for r in res["repeats_x_one"])
+        sched = (f"{one['sched_ms']:>10.1f}{fleet['sched_ms']:>12.1f}" if one["sched_ms"] and fleet["sched_ms"]
+                 else f"{'-':>10}{'-':>12}")
+        print(f"{name:<24}{res['concurrency']:>3}{one['mean_ms']:>8.1f}{fleet['mean_ms']:>9.1f}{res['x_one']:>7.3f}"
+              f"{each:>18}{one['p99_ms']:>8.1f}{fleet['p99_ms']:>10.1f}{sched}"
+              f"{one['errors']:>3}/{fleet['errors']:<2}{shares(one):>12}{shares(fleet):>12}")
+    ratios = [res["x_one"] for res in results.values()]
+    print(f"\nx one: fleet mean / one instance's mean (goal <= {GOAL}); median over scenarios "
+          f"{statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}. sched: the served targets' "
+          "scheduled first_chunk_ms (the routing's choice, without the machine's noise)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--instances", type=int, default=3)
+    p.add_argument("--strategy", default="fastest-ewma", choices=list(pool.STRATEGIES))
+    p.add_argument("--scenarios", nargs="+", default=list(pool.SCENARIOS), choices=list(pool.SCENARIOS))
+    p.add_argument("--repeats", type=int, default=2, help="one/fleet pairs per scenario, order alternating")
+    p.add_argument("--quick", action="store_true", help=f"runs of at most {pool.QUICK_SECONDS:g} s")
+    p.add_argument("--seconds", type=float, default=None)
+    p.add_argument("--concurrency", type=int, default=None)
+    p.add_argument("--lead", type=float, default=0.2)
+    p.add_argument("--port-base", type=int, default=0,
+                   help="take ports from here to here + 99, in turn (0: the kernel's choice)")
+    p.add_argument("--tag", default="")
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its processes
+    for knob in ("explore", "alpha", "load_weight", "hedge_after", "max_extra", "refresh"):
+        setattr(args, knob, None)  # simulate-pool's overrides, none: firstbyte's defaults
+    ports = Ports(args.port_base)
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-pool-"))
+    redis_proc, redis = start_redis(ports, tmp)
+    started = time.monotonic()
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for name in args.scenarios:
+            runs: dict[str, list[list[dict[str, Any]]]] = {m: [] for m in MODES}
+            for rep in range(args.repeats):
+                for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                    print(f"{name} / {mode} ({rep + 1}/{args.repeats})…", file=sys.stderr, flush=True)
+                    runs[mode].append(run_one(args, ports, tmp, redis, name, mode, rep))
+            pooled = {m: summary([c for r in runs[m] for c in r]) for m in MODES}
+            results[name] = {**pooled, "concurrency": pool.run_length(args, pool.SCENARIOS[name])[1],
+                             "x_one": pooled["fleet"]["mean_ms"] / pooled["one"]["mean_ms"],
+                             "x_one_sched": ratio(pooled["fleet"]["sched_ms"], pooled["one"]["sched_ms"]),
+                             "repeats_x_one": [summary(f)["mean_ms"] / summary(o)["mean_ms"]
+                                               for o, f in zip(runs["one"], runs["fleet"], strict=True)]}
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(results, args)
+    OUT.mkdir(exist_ok=True)
+    out = OUT / f"fleet-pool{'-' + args.tag if args.tag else ''}.json"
+    out.write_bytes(orjson.dumps({"instances": args.instances, "strategy": args.strategy, "repeats": args.repeats,
+                                  "goal": GOAL, "results": results}, option=orjson.OPT_INDENT_2))
+    print(f"wrote {out} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

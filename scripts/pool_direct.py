@@ -1,0 +1,294 @@
+"""scripts/simulate-pool --direct: firstbyte against a client that calls the fastest target itself (issue 28).
+
+The oracle of the other modes is a separate run (or the configured delay); here every client runs in
+the *same* run, side by side: three ``firstbyte simulate`` upstreams follow a scenario's schedule, one
+fresh firstbyte per strategy serves the pool from a cold start, and at the same moment each strategy's
+``concurrency`` workers and the *direct* client's call it with streamed requests, closed loop. The direct
+client sends each request straight to the upstream that is fastest by the schedule when it is sent
+(same loopback, same upstream processes, no proxy). So the machine's noise (two shared cores) falls on
+every client alike, and ``x direct`` (a strategy's mean time to first token over the direct client's)
+is what firstbyte costs a caller who could not know which target is fastest, the proxy's own hop
+included. ``x sched`` is the mean over the configured delay of the best target (the other modes'
+oracle). Duplicates: upstream calls beside the first, by each answer's ``race=``.
+
+Strategies (each a route over A, B, C; ``fastest`` and ``hedge`` as the shipped routes.yaml's ``chat``
+route sets them): ``shipped`` (with its ``hedge``), ``unset`` (the same route saying nothing about
+``hedge``: the default), ``off`` (``hedge: false``), ``defaults`` (``hedge: {}``: firstbyte's own hedge
+settings), ``measure`` (the shipped hedge with ``after: 600``:
+races to measure, never hedges by time), ``oracle`` (firstbyte pinned to the scheduled best).
+Each repeat starts every process afresh (a cold start); the table pools repeats and gives their range.
+
+    scripts/simulate-pool --direct [--scenarios ...] [--strategies ...] [--repeats 3] [--port-base P] [--tag T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import bench
+import orjson
+from pool_measure import sim_offsets
+from pool_schedule import ABRUPT_SCENARIOS, NAMES, OUT, ROOT, SCENARIOS, extra_calls, oracle
+
+from proxy.config import read_yaml
+from proxy.routing.decision import parse_header
+
+DIRECT = "direct"
+GOAL_SHIPPED = 1.05  # x direct, hedging as shipped
+GOAL_UNSET = 1.10  # x direct, a route saying nothing about hedge
+DUP_GOAL = 0.10
+LEAD = 0.05  # schedule seconds between the simulators' restart and the load's first call
+
+
+def shipped_route() -> dict[str, Any]:
+    """``fastest`` and ``hedge`` of routes.yaml's ``chat`` route, as a new user gets them."""
+    chat = read_yaml((ROOT / "routes.yaml").read_text(), "routes.yaml")["routes"]["chat"]
+    return {"fastest": dict(chat["fastest"]), "hedge": dict(chat["hedge"])}
+
+
+def routes(shipped: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each strategy's route over the pool (the seed fixed so repeats explore alike)."""
+    fastest = {**shipped["fastest"], "seed": 7}
+    base = {"strategy": "fastest", "fastest": fastest, "targets": [{"provider": n, "model": "sim"} for n in NAMES]}
+    return {"shipped": {**base, "hedge": shipped["hedge"]},
+            "unset": base,
+            "off": {**base, "hedge": False},
+            "defaults": {**base, "hedge": {}},
+            "measure": {**base, "hedge": {**shipped["hedge"], "after": 600}},
+            "oracle": {"strategy": "ordered", "targets": base["targets"]}}
+
+
+def free_ports(base: int, count: int) -> list[int]:
+    """``count`` ports of ``base`` to ``base + 99`` that bind now, picked at random: the range lies inside
+    the ephemeral one, so any port may be some connection's local end for a while."""
+    found = []
+    for port in random.sample(range(base, base + 100), 100):
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            found.append(port)
+            if len(found) == count:
+                return found
+    raise RuntimeError(f"fewer than {count} free ports from {base}")
+
+
+def sim_command(name: str, spec: dict[str, Any], port: int, schedule: Path, seed: int) -> list[str]:
+    return [str(bench.BIN / "firstbyte"), "simulate", "--port", str(port),
+            "--first-chunk-ms", str(spec["first_chunk_ms"]), "--jitter-ms", str(spec.get("jitter_ms", 0)),
+            "--chunk-ms", "1", "--chunks", "2", "--fail-rate", str(spec.get("fail_rate", 0.0)),
+            "--stall-rate", str(spec.get("stall_rate", 0.0)), "--stall-ms", str(spec.get("stall_ms", 0.0)),
+            "--load-ms", str(spec.get("load_ms", 0.0)), "--seed", str(seed), "--schedule", str(schedule)]
+
+
+async def client(strategy: str, urls: dict[str, str], concurrency: int, until: float,
+                 starts: dict[str, float], scenario: dict[str, Any], span: float) -> list[dict[str, Any]]:
+    """One strategy's closed loop: ``concurrency`` workers of streamed calls until ``until``. ``direct``
+    sends each call to the scheduled-best upstream itself; ``oracle`` pins firstbyte to it."""
+    body = orjson.dumps({"model": "pool" if strategy != DIRECT else "sim",
+                         "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    calls: list[dict[str, Any]] = []
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < until:
+            sent = time.monotonic()
+            best, best_ms = oracle(scenario, {n: sent - starts[n] for n in NAMES}, span)
+            headers = {"content-type": "application/json"}
+            if strategy == "oracle":
+                headers["x-route-provider"] = best
+            url = urls[best] if strategy == DIRECT else urls["firstbyte"]
+            record: dict[str, Any] = {"t": sent, "oracle": best, "oracle_ms": best_ms, "ok": False}
+            try:
+                async with session.post(url, data=body, headers=headers) as resp:
+                    first = await resp.content.readany()
+                    record["ttfc_ms"] = (time.monotonic() - sent) * 1000
+                    await resp.read()
+                    record["ok"] = resp.status == 200 and bool(first)
+                    if strategy == DIRECT:
+                        record["served"], record["extra"] = best, 0
+                    else:
+                        decision = parse_header(resp.headers["x-route-decision"])
+                        record["served"], record["extra"] = decision.served, extra_calls(decision.race)
+            except (aiohttp.ClientError, KeyError, ValueError):
+                record["ok"] = False
+            calls.append(record)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return calls
+
+
+async def restart(ports: dict[str, int]) -> None:
+    async with aiohttp.ClientSession() as session:
+        for port in ports.values():
+            async with session.post(f"http://127.0.0.1:{port}/sim/restart") as resp:
+                resp.raise_for_status()
+
+
+async def side_by_side(strategies: list[str], urls: dict[str, dict[str, str]], concurrency: int, until: float,
+                       starts: dict[str, float], scenario: dict[str, Any], span: float) -> dict[str, Any]:
+    lists = await asyncio.gather(*(client(s, urls[s], concurrency, until, starts, scenario, span)
+                                   for s in strategies))
+    return dict(zip(strategies, lists, strict=True))
+
+
+def run_once(args: argparse.Namespace, tmp: Path, name: str, strategies: list[str],
+             configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Fresh upstreams and a fresh firstbyte per strategy; every client at once; each one's calls."""
+    scenario = SCENARIOS[name]
+    run = scenario.get("run", {})
+    seconds, concurrency = args.seconds or run.get("seconds", 3.0), args.concurrency or run.get("concurrency", 4)
+    span = seconds + LEAD
+    proxied = [s for s in strategies if s != DIRECT]
+    count = len(NAMES) + len(proxied)
+    ports = free_ports(args.port_base, count) if args.port_base else [bench.free_port() for _ in range(count)]
+    sim_ports = dict(zip(NAMES, ports, strict=False))
+    fb_ports = dict(zip(proxied, ports[len(NAMES):], strict=True))
+    procs = bench.Procs(tmp)
+    try:
+        commands: dict[str, tuple[list[str], int]] = {}
+        for i, n in enumerate(NAMES):
+            schedule = tmp / f"{name}-{n}.json"
+            schedule.write_text(json.dumps([{**s, "at": s["at"] * span} for s in scenario[n].get("steps", [])]))
+            commands[f"sim-{n}"] = (sim_command(n, scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
+        providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sim_ports.items()}
+        for s, port in fb_ports.items():
+            path = tmp / f"pool-{s}.json"
+            path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"},
+                                        "providers": providers, "routes": {"pool": configs[s]}}))
+            commands[f"firstbyte-{s}"] = ([str(bench.BIN / "firstbyte"), "serve", "--config", str(path)], port)
+        started = [(procs.spawn(n, argv), port) for n, (argv, port) in commands.items()]
+        for proc, port in started:  # start-ups overlap; on a busy machine six of them take a while
+            bench.wait_port(port, proc, timeout=90)
+        asyncio.run(restart(sim_ports))  # the schedules start now, not when each process came up
+        starts = asyncio.run(sim_offsets(sim_ports))
+        until = min(starts.values()) + span
+        urls = {s: {"firstbyte": f"http://127.0.0.1:{p}/v1/chat/completions"} for s, p in fb_ports.items()}
+        urls[DIRECT] = {n: f"http://127.0.0.1:{p}/v1/chat/completions" for n, p in sim_ports.items()}
+        calls = asyncio.run(side_by_side(strategies, urls, concurrency, until, starts, scenario, span))
+        t0 = min(c["t"] for cs in calls.values() for c in cs)
+        shifts = [step["at"] * span + starts[n] - t0 for n in NAMES for step in scenario[n].get("steps", [])]
+        for cs in calls.values():
+            for c in cs:
+                c["t"] -= t0
+        return {"calls": calls, "shift_t": min(shifts) if shifts else None, "seconds": seconds,
+                "concurrency": concurrency}
+    finally:
+        procs.stop_all()
+
+
+def figures(calls: list[dict[str, Any]], direct: list[dict[str, Any]], shift_t: float | None) -> dict[str, Any]:
+    """One strategy's calls against the direct client's of the same run(s)."""
+    ok, dok = [c for c in calls if c["ok"]], [c for c in direct if c["ok"]]
+    mean, dmean = statistics.fmean(c["ttfc_ms"] for c in ok), statistics.fmean(c["ttfc_ms"] for c in dok)
+    out = {"requests": len(calls), "errors": len(calls) - len(ok), "mean_ms": mean, "x_direct": mean / dmean,
+           "x_sched": mean / statistics.fmean(c["oracle_ms"] for c in ok),
+           "dup_share": sum(c.get("extra", 0) for c in calls) / len(calls),
+           "on_best": sum(c.get("served") == c["oracle"] for c in ok) / len(ok)}
+    if shift_t is not None:  # after the shift alone: where an abrupt scenario's cost is
+        after, dafter = [c for c in ok if c["t"] >= shift_t], [c for c in dok if c["t"] >= shift_t]
+        if after and dafter:
+            out["x_direct_after"] = (statistics.fmean(c["ttfc_ms"] for c in after)
+                                     / statistics.fmean(c["ttfc_ms"] for c in dafter))
+    return out
+
+
+def pool(reps: list[dict[str, Any]], strategies: list[str]) -> dict[str, Any]:
+    """Each repeat's figures, and the repeats' calls pooled (after the shift: each against its own)."""
+    def calls(s: str, after: bool) -> list[dict[str, Any]]:
+        return [c for r in reps for c in r["calls"][s]
+                if not after or (r["shift_t"] is not None and c["t"] >= r["shift_t"])]
+
+    pooled = {s: figures(calls(s, False), calls(DIRECT, False), None) for s in strategies}
+    for s in strategies:
+        if calls(s, True) and calls(DIRECT, True):
+            pooled[s]["x_direct_after"] = figures(calls(s, True), calls(DIRECT, True), None)["x_direct"]
+    return {"repeats": [{s: figures(r["calls"][s], r["calls"][DIRECT], r["shift_t"]) for s in strategies}
+                        for r in reps], "pooled": pooled}
+
+
+def spread(values: list[float], spec: str = ".2f") -> str:
+    return f"[{format(min(values), spec)}-{format(max(values), spec)}]" if len(values) > 1 else ""
+
+
+def table(results: dict[str, Any], strategies: list[str]) -> list[str]:
+    """Markdown rows: pooled over the repeats, each repeat's range in brackets, and the goal's verdict."""
+    rows = ["| scenario | strategy | reqs | x direct (mean) | x direct after the shift | x oracle | x sched | dup % | "
+            "on best % | goal |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, res in results.items():
+        for s in strategies:
+            if s == DIRECT:
+                continue
+            p, reps = res["pooled"][s], [r[s] for r in res["repeats"]]
+            goal = {"shipped": GOAL_SHIPPED, "unset": GOAL_UNSET}.get(s)
+            verdict = "-"
+            if goal is not None:
+                met = p["x_direct"] <= goal and (s != "shipped" or p["dup_share"] <= DUP_GOAL)
+                verdict = f"{'met' if met else 'MISSED'} (<= {goal})"
+            after = [r["x_direct_after"] for r in reps if "x_direct_after" in r]
+            after_s = f"{p['x_direct_after']:.2f} {spread(after)}" if "x_direct_after" in p else "-"
+            ratio = f"{p['x_direct']:.2f} {spread([r['x_direct'] for r in reps])}"
+            dup = f"{p['dup_share'] * 100:.1f} {spread([r['dup_share'] * 100 for r in reps], '.1f')}"
+            oracle = res["pooled"].get("oracle")  # the pinned firstbyte of the same run(s): the proxy's hop alone
+            x_oracle = "-" if oracle is None else (
+                f"{p['mean_ms'] / oracle['mean_ms']:.2f} "
+                f"{spread([r[s]['mean_ms'] / r['oracle']['mean_ms'] for r in res['repeats']])}")
+            rows.append(f"| {name} | {s} | {p['requests']} | {ratio} | {after_s} | {x_oracle} | {p['x_sched']:.2f} "
+                        f"| {dup} | {p['on_best'] * 100:.0f} | {verdict} |")
+    return rows
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="simulate-pool --direct", description=__doc__.split("\n")[0])
+    p.add_argument("--scenarios", nargs="+", default=list(ABRUPT_SCENARIOS), choices=list(SCENARIOS))
+    p.add_argument("--strategies", nargs="+", default=["shipped", "unset", "oracle"],
+                   choices=["shipped", "unset", "off", "defaults", "measure", "oracle"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=None, help="load per run (default: the scenario's, 3 s)")
+    p.add_argument("--concurrency", type=int, default=None, help="workers per client (default: the scenario's, 4)")
+    p.add_argument("--port-base", type=int, default=None, help="consecutive loopback ports from here (default: free)")
+    p.add_argument("--tag", default="direct")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    strategies = [DIRECT, *args.strategies]
+    shipped = shipped_route()
+    configs = routes(shipped)
+    tmp = Path(tempfile.mkdtemp(prefix="firstbyte-direct-"))
+    started = time.monotonic()
+    results: dict[str, Any] = {}
+    for name in args.scenarios:
+        reps = []
+        for rep in range(args.repeats):
+            print(f"{name} ({rep + 1}/{args.repeats}): {', '.join(strategies)} side by side…", file=sys.stderr,
+                  flush=True)
+            try:
+                reps.append(run_once(args, tmp, name, strategies, configs))
+            except RuntimeError as exc:  # a port taken between the pick and the bind: once more, fresh ports
+                print(f"  retrying: {exc}", file=sys.stderr, flush=True)
+                reps.append(run_once(args, tmp, name, strategies, configs))
+        results[name] = pool(reps, strategies)
+    print(f"\nsimulate-pool --direct: {len(args.scenarios)} scenarios x {args.repeats} repeats, every client side by "
+          f"side in each run (cold start each repeat), concurrency per client as the scenario's; routes.yaml's "
+          f"chat route: fastest {shipped['fastest']}, hedge {shipped['hedge']}")
+    print("x direct: mean time to first token / the direct client's in the same run(s), pooled [range of the "
+          "repeats]; x oracle: / the pinned firstbyte's (oracle) of the same run(s), the routing alone; x sched: / "
+          "the configured delay of the best target\n")
+    print("\n".join(table(results, strategies)))
+    path = OUT / f"simulate-pool-{args.tag}.json"
+    OUT.mkdir(exist_ok=True)
+    path.write_bytes(orjson.dumps({"shipped": shipped, "results": results}, option=orjson.OPT_INDENT_2))
+    print(f"\nwrote {path} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
