@@ -23,7 +23,7 @@ def test_absent_is_off() -> None:
 
 def test_a_collector_url_turns_it_on_with_defaults() -> None:
     config = parse_config(with_tracing({"otlp": "http://127.0.0.1:4318/v1/traces"}), {})
-    assert config.tracing == Tracing(otlp="http://127.0.0.1:4318/v1/traces", sample=1.0, service_name="firstbyte",
+    assert config.tracing == Tracing(otlp="http://127.0.0.1:4318/v1/traces", sample=0.1, service_name="firstbyte",
                                      queue=2048)
 
 

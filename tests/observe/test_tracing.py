@@ -162,14 +162,14 @@ async def test_a_new_trace_when_none_came_and_none_exported_when_the_caller_does
         collector: Collector, upstreams: Any) -> None:
     up: FakeUpstream = await upstreams({"*": ok_handler("hi")})
     raw = route_config([{"provider": "up", "model": "m-up"}], {"up": openai_provider(up.url)})
-    raw["tracing"] = {"otlp": collector.url}
+    raw["tracing"] = {"otlp": collector.url, "sample": 1.0}
     hub, runner, url = await traced_gateway(raw)
     unsampled = "0af7651916cd43dd8448eb211c80319c"
     try:
         assert (await chat(url, {"traceparent": f"00-{unsampled}-b7ad6b7169203331-00"}))[0] == 200
         assert (await chat(url))[0] == 200
         fresh = parse_traceparent(up.calls[1]["headers"]["traceparent"])
-        assert fresh is not None and fresh[2]  # sampled: sample defaults to 1
+        assert fresh is not None and fresh[2]  # sampled: sample 1
         spans = await collector.wait_for(f"{fresh[0]:032x}", 2)
     finally:
         await runner.cleanup()
@@ -196,7 +196,7 @@ async def test_a_collector_that_never_answers_costs_requests_nothing(upstreams: 
     port = black_hole.sockets[0].getsockname()[1]
     up: FakeUpstream = await upstreams({"*": ok_handler("hi")})
     raw = route_config([{"provider": "up", "model": "m-up"}], {"up": openai_provider(up.url)})
-    raw["tracing"] = {"otlp": f"http://127.0.0.1:{port}/v1/traces", "queue": 64}
+    raw["tracing"] = {"otlp": f"http://127.0.0.1:{port}/v1/traces", "queue": 64, "sample": 1.0}
     hub, runner, url = await traced_gateway(raw)
     try:
         took = []
@@ -277,7 +277,7 @@ async def test_full_batches_are_posted_at_once_not_at_the_next_tick(
     for the next full batch (no post per few requests), and the rest goes at the stop."""
     up: FakeUpstream = await upstreams({"*": ok_handler("hi")})
     raw = route_config([{"provider": "up", "model": "m-up"}], {"up": openai_provider(up.url)})
-    raw["tracing"] = {"otlp": collector.url, "export_every": 60}
+    raw["tracing"] = {"otlp": collector.url, "export_every": 60, "sample": 1.0}
     hub, runner, url = await traced_gateway(raw)
     try:
         await _load(url, 8, requests // 8)
