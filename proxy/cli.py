@@ -176,12 +176,12 @@ def _fleet_words(data: dict[str, Any]) -> str:
 
 def _last_words(last: dict[str, Any]) -> str:
     """``figure streamed sample by INSTANCE at TIME; breaker opened by ...``: which instance's event
-    last changed each (``this instance`` outside a fleet)."""
+    last changed each (printed in a fleet only)."""
     parts = []
     for part in ("figure", "breaker"):
         seen = last.get(part)
         if seen:
-            parts.append(f"{part} {seen['what']} by {seen['by'] or 'this instance'} at {seen['at']}")
+            parts.append(f"{part} {seen['what']} by {seen['by']} at {seen['at']}")
     return "; ".join(parts)
 
 
@@ -218,7 +218,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(_table(rows, ["#", "target", "why", "streamed", "samples", "buffered", "samples"]))
     for e in data["excluded"]:
         print(f"excluded {e['target']}: {e['reason']}")
-    for o in [*data["order"], *data["excluded"]]:
+    in_fleet = (data.get("fleet") or {}).get("state", "off") != "off"
+    for o in [*data["order"], *data["excluded"]] if in_fleet else ():  # alone there is only this one
         words = _last_words(o.get("last") or {})
         if words:
             print(f"last {o['target']}: {words}")

@@ -175,7 +175,7 @@ async def check_server(runner: type = web.AppRunner, server: type = web.Server,
         return tuple(problems)
     loop = asyncio.get_running_loop()
     before = asyncio.all_tasks()
-    built = server(_echo, handler_cancellation=True, keepalive_timeout=15.0)
+    built = server(_echo, handler_cancellation=True, keepalive_timeout=15.0, access_log=None)  # a probe, not a client
     protocol = None
     try:
         built.__class__ = type("SwappedServer", (web.Server,), {})  # GuardedRunner's swap to its subclass

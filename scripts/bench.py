@@ -284,7 +284,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, float]:
     lat, ttfc = raw["lat"], raw["ttfc"]
     return {"p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
             "ttfc_p50_ms": pct(ttfc, 0.5) * 1e3, "rps": len(lat) / raw["elapsed"] if raw["elapsed"] else 0.0,
-            "n": len(lat), "errors": raw["errors"]}
+            "n": len(lat), "errors": raw["errors"],
+            "events_per_s": raw.get("events", 0) / raw["elapsed"] if raw["elapsed"] else 0.0}
 
 
 def latency_phases(args: argparse.Namespace, gen: Loadgen, ports: dict[str, int]) -> dict[str, Any]:
@@ -566,11 +567,17 @@ def main() -> int:
             "seconds": round(time.monotonic() - started, 1), "logs": str(tmp), "see": seen or None,
             "workers": WORKERS, "spread": spread,
             "cpu_ms_per_call": {phase: statistics.median(r["cpu_ms_per_call"][phase] for r in runs)
-                                for phase in runs[0]["cpu_ms_per_call"]} if runs else {}}
+                                for phase in runs[0]["cpu_ms_per_call"]} if runs else {},
+            # streamed phases above concurrency 1: server-sent events the load generator read from firstbyte
+            "chunks_per_s": {phase: statistics.median(r["latency"][phase]["fb1"]["events_per_s"] for r in runs)
+                             for phase in (runs[0]["latency"] if runs else {})
+                             if phase.startswith("streamed/") and phase != "streamed/c1"}}
     summary = report(runs, args)
     print_table(summary, meta)
     print(f"\nfirstbyte with {WORKERS} worker(s): CPU ms per call (whole box, warm-up estimated) "
           + ", ".join(f"{k} {v:.2f}" for k, v in meta["cpu_ms_per_call"].items()))
+    print(f"firstbyte with {WORKERS} worker(s): chunks relayed per second, streamed ({args.chunks} chunks, a stop "
+          "chunk and [DONE] per answer) " + ", ".join(f"{k} {v:.0f}" for k, v in meta["chunks_per_s"].items()))
     if spread:
         print(f"new connections per worker (of {sum(spread.values())}): {spread}")
     if seen:

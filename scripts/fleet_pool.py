@@ -3,10 +3,12 @@
 Issue 26's goal: a fleet (``--instances`` real ``firstbyte serve`` processes sharing one real
 ``redis-server``, a client sending round-robin over them) answers within 5 % of one instance's mean
 time to first chunk, on the same scenarios. For each scenario and repeat it runs ``one`` (one
-``firstbyte serve``, no ``state``: exactly as today) and ``fleet``, interleaved in the same run (one,
-fleet, then fleet, one: each meets the machine as the other does), each with fresh simulators on the
-scenario's schedule (``scripts/simulate_pool.py``'s ``SCENARIOS``, imported, not copied) and fresh
-firstbyte processes, so each starts cold; a fleet run's Redis stream is its own (a fleet name per run).
+``firstbyte serve``, no ``state``: exactly as today), ``fleet``, and ``alone`` (as many instances as
+the fleet, each on its own: what more processes on the same cores cost without Redis), interleaved in
+the same run (one, fleet, alone, then alone, fleet, one: each meets the machine as the others do),
+each with fresh simulators on the scenario's schedule (``scripts/pool_schedule.py``'s ``SCENARIOS``,
+imported, not copied) and fresh firstbyte processes, so each starts cold; a fleet run's Redis stream is
+its own (a fleet name per run).
 
 The firstbyte processes start and report ready (``/readyz``: the fleet's warm start is done) before
 the simulators start, so both modes begin load at the same point of the schedule however long three
@@ -52,7 +54,9 @@ from proxy.routing.decision import parse_header
 
 OUT = bench.ROOT / "bench-results"
 GOAL = 1.05  # the fleet's mean time to first chunk within this of one instance's
-MODES = ("one", "fleet")
+# one: one instance, as today; fleet: --instances sharing Redis; alone: as many instances, each on its own (no
+# state): the fleet's cost beside what running more processes on the same cores costs anyway.
+MODES = ("one", "fleet", "alone")
 
 
 class Ports:
@@ -152,7 +156,7 @@ def start_many(procs: bench.Procs, commands: dict[str, tuple[list[str], int]]) -
 
 
 def run_one(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scenario_name: str, mode: str,
-            rep: int) -> list[dict[str, Any]]:
+            rep: int) -> dict[str, Any]:
     """``run_once``, once more with fresh ports when a process could not start (as simulate-pool does)."""
     try:
         return run_once(args, ports, tmp, redis, scenario_name, mode, rep)
@@ -162,8 +166,9 @@ def run_one(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scena
 
 
 def run_once(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scenario_name: str, mode: str,
-             rep: int) -> list[dict[str, Any]]:
-    """Fresh firstbyte process(es), ready; then fresh simulators; load for the scenario's seconds."""
+             rep: int) -> dict[str, Any]:
+    """Fresh firstbyte process(es), ready; then fresh simulators; load for the scenario's seconds; the
+    calls and the CPU every firstbyte process spent during the load, per call."""
     scenario = pool.SCENARIOS[scenario_name]
     seconds, concurrency = pool.run_length(args, scenario)
     span = seconds + args.lead
@@ -171,7 +176,7 @@ def run_once(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scen
     try:
         sims = {n: ports.take() for n in pool.NAMES}
         route = pool.route_of(args, args.strategy)
-        count = args.instances if mode == "fleet" else 1
+        count = 1 if mode == "one" else args.instances
         providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sims.items()}
         state = {"state": {"redis": redis, "fleet": f"pool-{scenario_name}-{rep}"}} if mode == "fleet" else {}
         commands: dict[str, tuple[list[str], int]] = {}
@@ -185,22 +190,33 @@ def run_once(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scen
             commands[f"firstbyte-{i}"] = ([str(bench.BIN / "firstbyte"), "serve", "--config", str(path)], port)
             urls.append(f"http://127.0.0.1:{port}")
         start_many(procs, commands)
+        pids = [proc.pid for proc in procs.procs]
         asyncio.run(ready(urls))
         start_many(procs, {f"sim-{n}": (sim_command(scenario, n, i + 1, sims[n], span, tmp / f"{n}.json"), sims[n])
                            for i, n in enumerate(pool.NAMES)})
         starts = asyncio.run(pool.sim_offsets(sims))
         until = min(starts.values()) + span
-        return asyncio.run(round_robin(urls, concurrency, until, starts, scenario, span))
+        if not any(scenario[n].get("steps") for n in pool.NAMES):  # no schedule to keep in step with: the
+            until = max(until, time.monotonic() + seconds)  # whole run, however long the simulators took to start
+        cpu = sum(bench.cpu_secs(pid) for pid in pids)
+        calls = asyncio.run(round_robin(urls, concurrency, until, starts, scenario, span))
+        used = sum(bench.cpu_secs(pid) for pid in pids) - cpu
+        if not any(c["ok"] for c in calls):
+            raise RuntimeError(f"{scenario_name} / {mode}: no call answered within the run")
+        return {"calls": calls, "cpu_ms_per_call": used * 1000 / max(len(calls), 1)}
     finally:
         procs.stop_all()
 
 
-def summary(calls: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pooled over runs: mean, p50 and p99 time to first chunk, scheduled cost, shares, CPU per call."""
+    calls = [c for r in runs for c in r["calls"]]
     ok = [c for c in calls if c["ok"]]
     ttfc = sorted(c["ttfc_ms"] for c in ok)
     sched = [c["sched_ms"] for c in ok if "sched_ms" in c]
     return {"requests": len(calls), "errors": len(calls) - len(ok), "mean_ms": statistics.fmean(ttfc),
             "p99_ms": ttfc[int(0.99 * (len(ttfc) - 1))], "sched_ms": statistics.fmean(sched) if sched else None,
+            "p50_ms": ttfc[len(ttfc) // 2], "cpu_ms_per_call": statistics.fmean(r["cpu_ms_per_call"] for r in runs),
             "share": {n: sum(c.get("served") == n for c in ok) / len(ok) for n in pool.NAMES}}
 
 
@@ -213,25 +229,37 @@ def shares(s: dict[str, Any]) -> str:
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\nfleet-pool: {args.instances} instances + redis-server, round-robin client, against one instance "
-          f"(no state); strategy {args.strategy}; {args.repeats} interleaved repeat(s); pooled over repeats")
-    head = (f"{'scenario':<24}{'c':>3}{'one ms':>8}{'fleet ms':>9}{'x one':>7}{'repeats x one':>18}"
-            f"{'p99 one':>8}{'p99 fleet':>10}{'sched one':>10}{'sched fleet':>12}{'err':>6}{'share one':>12}"
-            f"{'share fleet':>12}")
+    print(f"\nfleet-pool: one instance (no state) | {args.instances} instances sharing a redis-server (fleet) | "
+          f"{args.instances} instances each alone; round-robin client; strategy {args.strategy}; "
+          f"{args.repeats} interleaved repeat(s), pooled")
+    head = (f"{'scenario':<17}{'c':>3}{'mean ms one|fleet|alone':>25}{'fleet/one':>10}{'repeats':>13}"
+            f"{'fleet/alone':>12}{'p50 one|fleet|alone':>22}{'sched ms':>18}{'CPU ms/call':>18}{'share A/B/C':>27}")
     print(head)
     print("-" * len(head))
     for name, res in results.items():
-        one, fleet = res["one"], res["fleet"]
-        each = " ".join(f"{r:.3f}" for r in res["repeats_x_one"])
-        sched = (f"{one['sched_ms']:>10.1f}{fleet['sched_ms']:>12.1f}" if one["sched_ms"] and fleet["sched_ms"]
-                 else f"{'-':>10}{'-':>12}")
-        print(f"{name:<24}{res['concurrency']:>3}{one['mean_ms']:>8.1f}{fleet['mean_ms']:>9.1f}{res['x_one']:>7.3f}"
-              f"{each:>18}{one['p99_ms']:>8.1f}{fleet['p99_ms']:>10.1f}{sched}"
-              f"{one['errors']:>3}/{fleet['errors']:<2}{shares(one):>12}{shares(fleet):>12}")
+        rows = [res[m] for m in MODES]
+
+        def cells(key: str, spec: str, rows: list[dict[str, Any]] = rows) -> str:
+            return "|".join("-" if r[key] is None else format(r[key], spec) for r in rows)
+
+        each = " ".join(f"{r:.2f}" for r in res["repeats_x_one"])
+        print(f"{name:<17}{res['concurrency']:>3}{cells('mean_ms', '.1f'):>25}{res['x_one']:>10.3f}{each:>13}"
+              f"{res['x_alone']:>12.3f}{cells('p50_ms', '.1f'):>22}{cells('sched_ms', '.1f'):>18}"
+              f"{cells('cpu_ms_per_call', '.2f'):>18}{'|'.join(shares(r) for r in rows):>27}")
     ratios = [res["x_one"] for res in results.values()]
-    print(f"\nx one: fleet mean / one instance's mean (goal <= {GOAL}); median over scenarios "
-          f"{statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}. sched: the served targets' "
-          "scheduled first_chunk_ms (the routing's choice, without the machine's noise)")
+    print(f"\nfleet/one: the fleet's mean time to first chunk / one instance's (goal <= {GOAL}); median over "
+          f"scenarios {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}. fleet/alone: the "
+          "same number of processes without Redis. sched: the served targets' scheduled first_chunk_ms (the "
+          "routing's choice, without the machine's noise). CPU: all firstbyte processes' CPU during the load / calls")
+
+
+def save(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> Path:
+    """The JSON so far (after every scenario: a run stopped part-way keeps what it measured)."""
+    OUT.mkdir(exist_ok=True)
+    out = OUT / f"fleet-pool{'-' + args.tag if args.tag else ''}.json"
+    out.write_bytes(orjson.dumps({"instances": args.instances, "strategy": args.strategy, "repeats": args.repeats,
+                                  "goal": GOAL, "results": results}, option=orjson.OPT_INDENT_2))
+    return out
 
 
 def main() -> int:
@@ -239,7 +267,8 @@ def main() -> int:
     p.add_argument("--instances", type=int, default=3)
     p.add_argument("--strategy", default="fastest-ewma", choices=list(pool.STRATEGIES))
     p.add_argument("--scenarios", nargs="+", default=list(pool.SCENARIOS), choices=list(pool.SCENARIOS))
-    p.add_argument("--repeats", type=int, default=2, help="one/fleet pairs per scenario, order alternating")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="runs of each mode per scenario, order reversed every other repeat")
     p.add_argument("--quick", action="store_true", help=f"runs of at most {pool.QUICK_SECONDS:g} s")
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--concurrency", type=int, default=None)
@@ -258,27 +287,27 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {}
     try:
         for name in args.scenarios:
-            runs: dict[str, list[list[dict[str, Any]]]] = {m: [] for m in MODES}
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
             for rep in range(args.repeats):
                 for mode in MODES if rep % 2 == 0 else MODES[::-1]:
                     print(f"{name} / {mode} ({rep + 1}/{args.repeats})…", file=sys.stderr, flush=True)
                     runs[mode].append(run_one(args, ports, tmp, redis, name, mode, rep))
-            pooled = {m: summary([c for r in runs[m] for c in r]) for m in MODES}
-            results[name] = {**pooled, "concurrency": pool.run_length(args, pool.SCENARIOS[name])[1],
+            pooled = {m: summary(runs[m]) for m in MODES}
+            results[name] = res = {**pooled, "concurrency": pool.run_length(args, pool.SCENARIOS[name])[1],
                              "x_one": pooled["fleet"]["mean_ms"] / pooled["one"]["mean_ms"],
+                             "x_alone": pooled["fleet"]["mean_ms"] / pooled["alone"]["mean_ms"],
                              "x_one_sched": ratio(pooled["fleet"]["sched_ms"], pooled["one"]["sched_ms"]),
-                             "repeats_x_one": [summary(f)["mean_ms"] / summary(o)["mean_ms"]
+                             "repeats_x_one": [summary([f])["mean_ms"] / summary([o])["mean_ms"]
                                                for o, f in zip(runs["one"], runs["fleet"], strict=True)]}
+            print(f"{name}: fleet/one {res['x_one']:.3f}, fleet/alone {res['x_alone']:.3f}, means (ms) "
+                  + ", ".join(f"{m} {res[m]['mean_ms']:.1f}" for m in MODES), file=sys.stderr, flush=True)
+            save(results, args)
     finally:
         redis_proc.terminate()
         redis_proc.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
     report(results, args)
-    OUT.mkdir(exist_ok=True)
-    out = OUT / f"fleet-pool{'-' + args.tag if args.tag else ''}.json"
-    out.write_bytes(orjson.dumps({"instances": args.instances, "strategy": args.strategy, "repeats": args.repeats,
-                                  "goal": GOAL, "results": results}, option=orjson.OPT_INDENT_2))
-    print(f"wrote {out} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    print(f"wrote {save(results, args)} in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0
 
 

@@ -21,7 +21,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_drill
+
+# Loopback only: LiteLLM's own cost map, not a fetch from GitHub (retried three times at each start);
+# no telemetry.
+OFFLINE = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
 
 
 def take_ports(base: int, count: int) -> list[int]:
@@ -53,7 +59,7 @@ def litellm_config(up: int, redis_port: int, args: argparse.Namespace) -> dict[s
 
 
 async def ready(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 240  # LiteLLM's proxy takes tens of seconds to import on a busy box
+    deadline = time.monotonic() + 900  # LiteLLM's proxy took minutes to import on the busy shared box
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"litellm at {url} exited with {proc.returncode}")
@@ -109,7 +115,8 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
         for port in fb_ports:
             log = open(tmp / f"litellm-{port}.log", "wb")  # noqa: SIM115 (the process holds it)
             procs.append(subprocess.Popen([litellm, "--config", str(path), "--host", "127.0.0.1", "--port", str(port),
-                                           "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=tmp))
+                                           "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+                                          env=OFFLINE))
         async with aiohttp.ClientSession() as session:
             for url, proc in zip(urls, procs[1:], strict=True):
                 await ready(session, url, proc)
@@ -142,6 +149,7 @@ def main() -> None:
     p.add_argument("--allowed-fails", type=int, default=3, help="router_settings.allowed_fails")
     p.add_argument("--max-requests", type=int, default=120)
     p.add_argument("--port-base", type=int, default=0, help="redis, upstream, then one port per instance")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its processes
     print(json.dumps(asyncio.run(drill(p.parse_args()))))
 
 

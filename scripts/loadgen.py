@@ -34,22 +34,24 @@ import orjson
 import uvloop
 
 
-async def one(session: aiohttp.ClientSession, url: str, data: bytes, stream: bool) -> tuple[float, float]:
-    """One call read to its end: (latency, time to first chunk)."""
+async def one(session: aiohttp.ClientSession, url: str, data: bytes, stream: bool) -> tuple[float, float, int]:
+    """One call read to its end: (latency, time to first chunk, server-sent events relayed)."""
     t0 = time.perf_counter()
+    events = 0
     async with session.post(url, data=data, headers={"content-type": "application/json"}) as resp:
         if resp.status != 200:
             await resp.read()
             raise RuntimeError(f"status {resp.status}")
         first = 0.0
         if stream:
-            async for _ in resp.content.iter_any():
+            async for piece in resp.content.iter_any():
+                events += piece.count(b"\n\n")
                 if not first:
                     first = time.perf_counter() - t0
         else:
             await resp.read()
             first = time.perf_counter() - t0
-    return time.perf_counter() - t0, first
+    return time.perf_counter() - t0, first, events
 
 
 async def run(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +63,7 @@ async def run(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, 
     lat: list[float] = []
     ttfc: list[float] = []
     errors = 0
+    events = [0]  # server-sent events read in the measured window (streamed: chunks relayed)
     left = [int(requests)] if requests else [1 << 62]
     start = time.perf_counter()
     measure_from = start + warmup
@@ -71,11 +74,12 @@ async def run(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, 
         while left[0] > 0 and time.perf_counter() < deadline:
             left[0] -= 1
             try:
-                latency, first = await one(session, url, data, stream)
+                latency, first, relayed = await one(session, url, data, stream)
             except Exception:
                 errors += 1
                 continue
             if time.perf_counter() >= measure_from:
+                events[0] += relayed
                 lat.append(latency)
                 ttfc.append(first)
 
@@ -86,7 +90,7 @@ async def run(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, 
         start = measure_from = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(int(cmd["concurrency"]))))
     elapsed = time.perf_counter() - measure_from
-    return {"lat": lat, "ttfc": ttfc, "errors": errors, "elapsed": elapsed}
+    return {"lat": lat, "ttfc": ttfc, "errors": errors, "elapsed": elapsed, "events": events[0]}
 
 
 async def rounds(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +105,7 @@ async def rounds(session: aiohttp.ClientSession, cmd: dict[str, Any]) -> dict[st
         rng.shuffle(names)
         for name in names:
             try:
-                latency, first = await one(session, urls[name], data[name], stream)
+                latency, first, _ = await one(session, urls[name], data[name], stream)
             except Exception:
                 out[name]["errors"] += 1
                 continue

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import bench
 import orjson
-from pool_measure import sim_offsets
+from pool_measure import restart, sim_command, sim_offsets, start_all
 from pool_schedule import ABRUPT_SCENARIOS, NAMES, OUT, ROOT, SCENARIOS, extra_calls, oracle
 
 from proxy.config import read_yaml
@@ -83,14 +83,6 @@ def free_ports(base: int, count: int) -> list[int]:
     raise RuntimeError(f"fewer than {count} free ports from {base}")
 
 
-def sim_command(name: str, spec: dict[str, Any], port: int, schedule: Path, seed: int) -> list[str]:
-    return [str(bench.BIN / "firstbyte"), "simulate", "--port", str(port),
-            "--first-chunk-ms", str(spec["first_chunk_ms"]), "--jitter-ms", str(spec.get("jitter_ms", 0)),
-            "--chunk-ms", "1", "--chunks", "2", "--fail-rate", str(spec.get("fail_rate", 0.0)),
-            "--stall-rate", str(spec.get("stall_rate", 0.0)), "--stall-ms", str(spec.get("stall_ms", 0.0)),
-            "--load-ms", str(spec.get("load_ms", 0.0)), "--seed", str(seed), "--schedule", str(schedule)]
-
-
 async def client(strategy: str, urls: dict[str, str], concurrency: int, until: float,
                  starts: dict[str, float], scenario: dict[str, Any], span: float) -> list[dict[str, Any]]:
     """One strategy's closed loop: ``concurrency`` workers of streamed calls until ``until``. ``direct``
@@ -128,13 +120,6 @@ async def client(strategy: str, urls: dict[str, str], concurrency: int, until: f
     return calls
 
 
-async def restart(ports: dict[str, int]) -> None:
-    async with aiohttp.ClientSession() as session:
-        for port in ports.values():
-            async with session.post(f"http://127.0.0.1:{port}/sim/restart") as resp:
-                resp.raise_for_status()
-
-
 async def side_by_side(strategies: list[str], urls: dict[str, dict[str, str]], concurrency: int, until: float,
                        starts: dict[str, float], scenario: dict[str, Any], span: float) -> dict[str, Any]:
     lists = await asyncio.gather(*(client(s, urls[s], concurrency, until, starts, scenario, span)
@@ -160,16 +145,17 @@ def run_once(args: argparse.Namespace, tmp: Path, name: str, strategies: list[st
         for i, n in enumerate(NAMES):
             schedule = tmp / f"{name}-{n}.json"
             schedule.write_text(json.dumps([{**s, "at": s["at"] * span} for s in scenario[n].get("steps", [])]))
-            commands[f"sim-{n}"] = (sim_command(n, scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
+            commands[f"sim-{n}"] = (sim_command(scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
         providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sim_ports.items()}
         for s, port in fb_ports.items():
             path = tmp / f"pool-{s}.json"
             path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"},
                                         "providers": providers, "routes": {"pool": configs[s]}}))
-            commands[f"firstbyte-{s}"] = ([str(bench.BIN / "firstbyte"), "serve", "--config", str(path)], port)
-        started = [(procs.spawn(n, argv), port) for n, (argv, port) in commands.items()]
-        for proc, port in started:  # start-ups overlap; on a busy machine six of them take a while
-            bench.wait_port(port, proc, timeout=90)
+            serve = [str(bench.BIN / "firstbyte"), "serve", "--config", str(path)]
+            if args.proxy_dir:  # a variant of proxy/ (-P: this checkout's is not put before it)
+                serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", *serve[1:]]
+            commands[f"firstbyte-{s}"] = (serve, port)
+        start_all(procs, commands)
         asyncio.run(restart(sim_ports))  # the schedules start now, not when each process came up
         starts = asyncio.run(sim_offsets(sim_ports))
         until = min(starts.values()) + span
@@ -257,6 +243,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=None, help="load per run (default: the scenario's, 3 s)")
     p.add_argument("--concurrency", type=int, default=None, help="workers per client (default: the scenario's, 4)")
     p.add_argument("--port-base", type=int, default=None, help="consecutive loopback ports from here (default: free)")
+    p.add_argument("--proxy-dir", default=None, help="a directory holding a variant of proxy/ to serve every firstbyte")
     p.add_argument("--tag", default="direct")
     return p.parse_args(argv)
 

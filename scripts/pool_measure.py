@@ -6,13 +6,40 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import bench
 import orjson
 from pool_schedule import NAMES, extra_calls, knobs_at, oracle, served_ms
 
 from proxy.routing.decision import parse_header
+
+
+def sim_command(spec: dict[str, Any], port: int, schedule: Path, seed: int) -> list[str]:
+    """``firstbyte simulate`` for one target of a scenario, its steps in ``schedule``."""
+    return [str(bench.BIN / "firstbyte"), "simulate", "--port", str(port),
+            "--first-chunk-ms", str(spec["first_chunk_ms"]), "--jitter-ms", str(spec.get("jitter_ms", 0)),
+            "--chunk-ms", "1", "--chunks", "2", "--fail-rate", str(spec.get("fail_rate", 0.0)),
+            "--stall-rate", str(spec.get("stall_rate", 0.0)), "--stall-ms", str(spec.get("stall_ms", 0.0)),
+            "--load-ms", str(spec.get("load_ms", 0.0)), "--seed", str(seed), "--schedule", str(schedule)]
+
+
+def start_all(procs: bench.Procs, commands: dict[str, tuple[list[str], int]], timeout: float = 90.0) -> None:
+    """Every process at once, then each port: start-ups overlap; on a busy machine six take a while."""
+    started = [(procs.spawn(name, argv), port) for name, (argv, port) in commands.items()]
+    for proc, port in started:
+        bench.wait_port(port, proc, timeout=timeout)
+
+
+async def restart(ports: dict[str, int]) -> None:
+    """Each simulator's schedule and counts start again now (``POST /sim/restart``): load begins at
+    the schedule's start however long the processes took to come up."""
+    async with aiohttp.ClientSession() as session:
+        for port in ports.values():
+            async with session.post(f"http://127.0.0.1:{port}/sim/restart") as resp:
+                resp.raise_for_status()
 
 
 async def sim_offsets(ports: dict[str, int]) -> dict[str, float]:
@@ -26,6 +53,16 @@ async def sim_offsets(ports: dict[str, int]) -> dict[str, float]:
             t1 = time.monotonic()
             starts[name] = (t0 + t1) / 2 - stats["elapsed_s"]
     return starts
+
+
+async def poll(session: aiohttp.ClientSession, health_url: str, until: float, t_load: float,
+               figures: list[dict[str, Any]]) -> None:
+    """firstbyte's figure for each target, every 0.25 s until ``until`` (for the chart)."""
+    while time.monotonic() < until:
+        async with session.get(health_url) as resp:
+            targets = (await resp.json())["targets"]
+        figures.append({"t": time.monotonic() - t_load, **{t["target"]: t["streamed"]["figure_s"] for t in targets}})
+        await asyncio.sleep(0.25)
 
 
 async def load(url: str, concurrency: int, until: float, starts: dict[str, float],
@@ -76,17 +113,10 @@ async def load(url: str, concurrency: int, until: float, starts: dict[str, float
                     waiting[best] -= 1
             calls.append(record)
 
-    async def poll(session: aiohttp.ClientSession) -> None:
-        while time.monotonic() < until:
-            async with session.get(health_url) as resp:
-                targets = (await resp.json())["targets"]
-            figures.append({"t": time.monotonic() - t_load,
-                            **{t["target"]: t["streamed"]["figure_s"] for t in targets}})
-            await asyncio.sleep(0.25)
-
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(poll(session), *(worker(session) for _ in range(concurrency)))
+        await asyncio.gather(poll(session, health_url, until, t_load, figures),
+                             *(worker(session) for _ in range(concurrency)))
     # Where each simulator was in its schedule when load began: chart and shift times use it.
     return {"calls": calls, "figures": figures, "offsets": {n: t_load - starts[n] for n in NAMES}}
 

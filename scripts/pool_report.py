@@ -26,7 +26,6 @@ from pool_schedule import (
 
 def chart(name: str, scenario: dict[str, Any], runs: dict[str, dict[str, Any]], span: float, tag: str = "") -> Path:
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -162,7 +161,7 @@ def print_goals(results: dict[str, Any]) -> None:
         for strategy, s in res["runs"].items():
             if not strategy.startswith("fastest"):
                 continue
-            hedged = "hedge" in STRATEGIES[strategy]
+            hedged = STRATEGIES[strategy].get("hedge", False) is not False
             goal = RACE_GOAL if hedged else GOAL
             missed = []
             if s["vs_oracle"] > goal:

@@ -82,13 +82,14 @@ ORACLE = "oracle"  # the reference run: every request pinned to the scheduled-be
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ordered": {"strategy": "ordered"},
     "weighted": {"strategy": "weighted"},
-    "fastest-ewma": {"strategy": "fastest", "fastest": {"signal": "ewma"}},
-    "fastest-p50": {"strategy": "fastest", "fastest": {"signal": "p50"}},
+    # hedge off (a fastest route that says nothing about hedge races: docs/routing.md "The default")
+    "fastest-ewma": {"strategy": "fastest", "fastest": {"signal": "ewma"}, "hedge": False},
+    "fastest-p50": {"strategy": "fastest", "fastest": {"signal": "p50"}, "hedge": False},
     # hedge on: firstbyte's defaults for a route that sets ``hedge: {}`` unless flags override them
     "fastest-hedge": {"strategy": "fastest", "fastest": {"signal": "ewma"}, "hedge": {}},
     "fastest-hedge-load": {"strategy": "fastest", "fastest": {"signal": "ewma", "load_aware": True},
                            "hedge": {}},
-    "fastest-load": {"strategy": "fastest", "fastest": {"signal": "ewma", "load_aware": True}},
+    "fastest-load": {"strategy": "fastest", "fastest": {"signal": "ewma", "load_aware": True}, "hedge": False},
     # fastest-ewma served by the code before the race (``--today DIR``: a copy of proxy/ at that commit)
     "today-ewma": {"strategy": "fastest", "fastest": {"signal": "ewma"}},
     # fastest-hedge served by that copy: a change and its base side by side in one run

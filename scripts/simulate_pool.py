@@ -40,6 +40,9 @@ its first first chunk went out). ``today-ewma`` and ``today-hedge`` with ``--tod
 ``fastest-ewma`` and ``fastest-hedge`` from an earlier copy of ``proxy/`` (a change and its base in
 one run); ``--proxy-dir DIR`` serves every run but the oracle from a variant.
 
+``--direct`` (scripts/pool_direct.py) measures against a client that calls the fastest upstream itself,
+in the same run as every strategy (issue 28's abrupt pools).
+
     scripts/simulate-pool [--quick] [--race-only] [--scenarios ...] [--strategies ...] [--seconds S]
                           [--concurrency N] [--explore 0.03] [--hedge-after p90] [--refresh 0.3] [--tag T]
 """
@@ -60,7 +63,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 import pool_direct
-from pool_measure import follow, load, pooled, sim_offsets, sim_stats, summarise
+from pool_measure import follow, load, pooled, restart, sim_command, sim_offsets, sim_stats, start_all, summarise
 from pool_report import chart, print_results, summarise_runs
 from pool_schedule import (
     DEFAULT_SECONDS,
@@ -125,7 +128,7 @@ def route_of(args: argparse.Namespace, strategy: str) -> dict[str, Any]:
             route["fastest"]["alpha"] = args.alpha
         if args.load_weight is not None and route["fastest"].get("load_aware"):
             route["fastest"]["load_weight"] = args.load_weight
-    if "hedge" in route:
+    if route.get("hedge") is not None and route["hedge"] is not False:
         route["hedge"] = {**route["hedge"], **hedge_of(args)}
     return route
 
@@ -158,14 +161,7 @@ def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: 
             steps = [{**s, "at": s["at"] * span} for s in spec.get("steps", [])]
             schedule = tmp / f"{scenario_name}-{name}.json"
             schedule.write_text(json.dumps(steps))
-            commands[f"sim-{name}"] = ([str(bench.BIN / "firstbyte"), "simulate", "--port", str(ports[name]),
-                                        "--first-chunk-ms", str(spec["first_chunk_ms"]),
-                                        "--jitter-ms", str(spec.get("jitter_ms", 0)), "--chunk-ms", "1",
-                                        "--chunks", "2", "--fail-rate", str(spec.get("fail_rate", 0.0)),
-                                        "--stall-rate", str(spec.get("stall_rate", 0.0)),
-                                        "--stall-ms", str(spec.get("stall_ms", 0.0)),
-                                        "--load-ms", str(spec.get("load_ms", 0.0)),
-                                        "--seed", str(i + 1), "--schedule", str(schedule)], ports[name])
+            commands[f"sim-{name}"] = (sim_command(spec, ports[name], schedule, i + 1), ports[name])
         pin = strategy == ORACLE
         config = {"listen": f"127.0.0.1:{fb_port}", "access_log": {"path": "/dev/null"},
                   "providers": {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"}
@@ -184,7 +180,8 @@ def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: 
                      "--config", str(path)]
         # -P: the working directory (this checkout) is not put before PYTHONPATH's copy of proxy/.
         commands["firstbyte"] = (serve, fb_port)
-        procs.start_many(commands)
+        start_all(procs, commands)
+        asyncio.run(restart(ports))
         starts = asyncio.run(sim_offsets(ports))
         until = min(starts.values()) + span
         url = f"http://127.0.0.1:{fb_port}/v1/chat/completions"

@@ -167,3 +167,11 @@ async def test_client_connections_are_aiohttps_own_when_the_server_internals_mov
     assert health["aiohttp"]["fallback"] == ["server"]
     assert p.guards[0].conns == set()  # no GuardedHandler was made
 
+
+
+async def test_the_start_up_probe_writes_no_access_log_line(caplog):
+    """The server check answers one stand-in request; aiohttp's access logger used to log it at
+    every start (``aiohttp.access`` "GET /probe 200"), a request no client made."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    assert await check_server() == ()
+    assert [r for r in caplog.records if r.name == "aiohttp.access"] == []

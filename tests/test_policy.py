@@ -454,6 +454,8 @@ async def test_health_lists_every_target_with_its_fields(upstreams, proxy):
     assert status == 200
     a, b = body["targets"]
     unmeasured = {"figure_s": None, "samples": 0, "age_s": None}
+    last = a.pop("last")  # outside a fleet: no instance named, but what changed the breaker and when
+    assert last["figure"] is None and (last["breaker"]["by"], last["breaker"]["what"]) == (None, "opened")
     assert a == {"route": "chat", "target": "a", "provider": "a", "model": "model-a",
                  "streamed": unmeasured, "buffered": unmeasured, "breaker": "open", "seconds_left": 26.0,
                  "cooling_s": 0.0, "failures": 1, "in_flight": 0, "load_penalty": 1.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import statistics
 import sys
@@ -220,3 +221,11 @@ def test_after_the_shift_each_repeat_reads_from_its_own_shift(direct: ModuleType
     assert res["pooled"]["unset"]["x_direct_after"] == pytest.approx(2.0)
     assert res["pooled"]["unset"]["x_direct"] == pytest.approx(35.0 / 20.0)
     assert "[1.00-3.00]" in direct.table({"s": res}, ["direct", "unset"])[2]
+
+
+def test_the_hedge_off_runs_say_hedge_false_since_a_fastest_route_races_by_default(pool: ModuleType) -> None:
+    args = argparse.Namespace(explore=None, alpha=None, load_weight=None, hedge_after="p95", max_extra=None,
+                              refresh=None)
+    assert pool.route_of(args, "fastest-ewma")["hedge"] is False
+    assert pool.route_of(args, "fastest-p50")["hedge"] is False
+    assert pool.route_of(args, "fastest-hedge")["hedge"] == {"after": "p95"}

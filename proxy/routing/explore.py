@@ -16,10 +16,11 @@ of three things:
   ``1 + 1`` (a time of zero). One that never came under the leader reaches ``1``: only a shift
   would bring it there, and a shift is as likely far behind as near (docs/adr/0008).
 
-The worthiest target is looked at once its worth reaches ``LOOK_AFTER`` and the budget pays for an
-explore (leaving a token for a hedge): exploring is paced by the tokens the route's requests earn,
-so it never reads ``budget exhausted``. A target a timed hedge starts while its look is due is run
-to its own first token (``due``), not cut when the leader answers: the hedge has already paid.
+The worthiest target is looked at once its worth reaches ``LOOK_AFTER`` and the budget pays for it
+while leaving ``LOOK_KEEP`` tokens for hedges: exploring is paced by the tokens the route's requests
+earn (what hedges leave of them), so it never reads ``budget exhausted``. A target a timed hedge
+starts while its look is due is run to its own first token (``due``), not cut when the leader
+answers: the hedge has already paid.
 
 Before that rule, as before it (docs/adr/0008): a target whose newest sample beats the leading
 figure while its figure still ranks it behind is looked at by the next request (a recovery seen
@@ -41,6 +42,7 @@ from .hedge import MIN_SAMPLES
 LOOK_AFTER = 10  # worth (route requests, weighted) at which a look is due
 UNCERTAIN = 2.0  # a figure on few samples or on a censored bound: its requests count this much
 REACH_SAMPLES = 10  # the newest samples a target's reach is read from
+LOOK_KEEP = RESERVE  # tokens a look leaves for hedges, as any explore does (docs/adr/0023: two starved it)
 
 Figures = Mapping[str, float | None]
 
@@ -124,7 +126,7 @@ def stale(route: Route, targets: Sequence[Target], state: ExploreView, now: floa
         if age > hedge.refresh_secs and (oldest is None or age > oldest[0]):
             oldest = (age, t.name)
     budget = state.hedge_budget(route.name)
-    if leading is not None and budget is not None and idle and budget.affords(hedge.max_extra, RESERVE):
+    if leading is not None and budget is not None and idle and budget.affords(hedge.max_extra, LOOK_KEEP):
         look = worthiest(_prospects(idle, state, budget, mode), leading)
         if look is not None:
             return look
@@ -167,5 +169,5 @@ def _prospects(targets: Sequence[Target], state: ExploreView, budget: HedgeBudge
     return out
 
 
-__all__ = ["LOOK_AFTER", "REACH_SAMPLES", "UNCERTAIN", "ExploreView", "Prospect", "confirming", "due", "stale",
-           "worth", "worthiest"]
+__all__ = ["LOOK_AFTER", "LOOK_KEEP", "REACH_SAMPLES", "UNCERTAIN", "ExploreView", "Prospect", "confirming", "due",
+           "stale", "worth", "worthiest"]

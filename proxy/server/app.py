@@ -36,6 +36,7 @@ from ..walk.result import Answered, Committed, Exhausted, Rejected, Settling
 from .counting import count_tokens
 from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshaped
 from .keys import key_accepted, key_refused
+from .listener import ON_REFUSED
 from .ops import explain, health, healthz, metrics, model, models, ready
 from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, request_id
 from .request import check_model, estimate_tokens, parse_call, pin_of, read_body
@@ -246,8 +247,8 @@ def guarded(gw: Gateway, inner: Handler, *, dialect: Dialect | None = OPENAI, lo
     return handle
 
 
-def log_answer(gw: Gateway, request: web.Request, response: web.StreamResponse, t0: float) -> None:
-    """Hand an answer that was not routed (401, 404, models, health…) to the observers, with
+def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamResponse, t0: float) -> None:
+    """Hand an answer that was not routed (401, 404, models, health, a parser's 400…) to the observers, with
     its id, size and error code, so the access log has a line for every answer."""
     body = getattr(response, "body", None)
     size = len(body) if isinstance(body, bytes) else (response.content_length or 0)
@@ -353,6 +354,7 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     """The main app. ``manage=False`` when the caller starts and closes the gateway itself."""
     app = web.Application(client_max_size=1 << 40)
     app[GATEWAY] = gw
+    app[ON_REFUSED] = lambda request, response: log_answer(gw, request, response, gw.clock())
     add_probes(app, gw, hub)
     if hub is not None:
         add_status_routes(app, main=True)  # the status page, refused while client keys are set

@@ -28,8 +28,10 @@ from aiohttp import web
 
 from ..errors import error_body
 
-__all__ = ["ANTHROPIC", "OPENAI", "Dialect", "anthropic_error_type", "dialect_of", "error_bytes",
-           "in_dialect", "reshaped", "to_anthropic"]
+__all__ = ["ANTHROPIC", "JSON", "OPENAI", "Dialect", "anthropic_error_type", "dialect_of", "error_bytes",
+           "in_dialect", "malformed_request", "over_capacity", "refusal", "reshaped", "to_anthropic"]
+
+JSON = "application/json"
 
 Dialect = Literal["openai", "anthropic"]
 OPENAI: Dialect = "openai"
@@ -112,3 +114,29 @@ def to_anthropic(status: int, body: bytes) -> bytes:
 
 def anthropic_error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def malformed_request(status: int, said: object) -> bytes:
+    """The body for a request aiohttp's parser refused (``said``: its message or exception); a 5xx
+    there is our failure, told without its text."""
+    if status >= 500:
+        text = "firstbyte failed to handle this request; the error is in its log."
+        return error_bytes(OPENAI, status, text, "server_error", code="internal_error")
+    first = (str(said or "").strip().splitlines() or ["malformed request"])[0]
+    return error_bytes(OPENAI, status, f"Malformed HTTP request: {first[:200]}", "invalid_request_error",
+                       code=f"http_{status}")
+
+
+def refusal(status: int, message: str, code: str) -> bytes:
+    """The listener answers before a handler knows the endpoint: in the OpenAI shape."""
+    return error_bytes(OPENAI, status, message, "invalid_request_error" if status < 500 else "service_unavailable",
+                       code=code)
+
+
+async def over_capacity(request: web.BaseRequest) -> web.StreamResponse:
+    """The answer on a connection past the cap: a 503 the client can act on, then close."""
+    body = refusal(503, "firstbyte has too many client connections open (connections.max); "
+                    "retry in a moment, or reuse a connection.", "too_many_connections")
+    response = web.Response(body=body, status=503, content_type=JSON, headers={"Retry-After": "1"})
+    response.force_close()
+    return response

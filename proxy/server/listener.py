@@ -44,6 +44,7 @@ import logging
 import math
 import resource
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
@@ -53,17 +54,21 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from ..config import Connections
 from ..internals import Internals, checked
 from ..sockets import reset, unsent
-from .dialect import OPENAI, error_bytes
+from .dialect import JSON, malformed_request, over_capacity, refusal
+from .replies import new_id
 from .request import BodyTimeout
 
-__all__ = ["Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
+__all__ = ["ON_REFUSED", "Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
+
+Refused = Callable[[web.BaseRequest, web.StreamResponse], None]
+# What an app does with a request aiohttp's parser refused before any handler saw it (the access log's line).
+ON_REFUSED: web.AppKey[Refused] = web.AppKey("on_refused")
 
 log = logging.getLogger("firstbyte")
 
 OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to ask, then its 503
 LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dropped this long, then close
 FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
-JSON = "application/json"
 PROGRESS = 64 * 1024  # what a paused client must take per send_timeout to count as reading (not the tail of its window)
 SILENT_SECS = 1.0  # at the cap, a connection that has sent no head for this long makes room
 
@@ -104,6 +109,7 @@ class Guard:
         self.interval = min(1.0, max(0.02, shortest / 5))
         self._task: asyncio.Task[None] | None = None
         self._idle: deque[GuardedHandler] | None = None  # idle connections, oldest first, as of the last sweep
+        self.on_refused: Refused | None = None  # the app's ON_REFUSED, set when its runner starts
 
     @property
     def open(self) -> int:
@@ -195,21 +201,6 @@ class Guard:
         return due
 
 
-def _refusal(status: int, message: str, code: str) -> bytes:
-    """The listener answers before a handler knows the endpoint: in the OpenAI shape (``dialect.py``)."""
-    return error_bytes(OPENAI, status, message, "invalid_request_error" if status < 500 else "service_unavailable",
-                       code=code)
-
-
-async def _over_capacity(request: web.BaseRequest) -> web.StreamResponse:
-    """The answer on a connection past the cap: a 503 the client can act on, then close."""
-    body = _refusal(503, "firstbyte has too many client connections open (connections.max); "
-                    "retry in a moment, or reuse a connection.", "too_many_connections")
-    response = web.Response(body=body, status=503, content_type=JSON, headers={"Retry-After": "1"})
-    response.force_close()
-    return response
-
-
 class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the guard's deadlines, cap and error shape."""
 
@@ -249,7 +240,7 @@ class GuardedHandler(RequestHandler):
             self._keepalive_handle = None
         if over:
             self.over = True
-            self._request_handler = _over_capacity  # this connection only; nothing per request
+            self._request_handler = over_capacity  # this connection only; nothing per request
             guard.closed["over_capacity"] += 1
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -324,7 +315,7 @@ class GuardedHandler(RequestHandler):
         if transport is None or transport.is_closing():
             self.force_close()
             return
-        body = _refusal(408, f"Request head did not arrive within {limit:g} s "
+        body = refusal(408, f"Request head did not arrive within {limit:g} s "
                         "(connections.header_timeout).", "header_timeout")
         transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -335,21 +326,18 @@ class GuardedHandler(RequestHandler):
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        """aiohttp's own errors (a head it cannot parse, CL with TE, oversized headers) in the OpenAI
-        shape, logged as one line: a bad request is the client's news, not a traceback."""
+        """aiohttp's own errors (a head it cannot parse, CL with TE, oversized headers, a body it
+        cannot decode) in the OpenAI shape, with an ``x-request-id``, logged as one line and handed
+        to the access log (``ON_REFUSED``): a bad request is the client's news, not a traceback."""
         log.info("refused a malformed request from %s: %s", request.remote,
                  " ".join(str(message or exc or status).split())[:200])
         if request.writer.output_size > 0:
             raise ConnectionError("the response has begun; the error cannot be sent")
-        if status >= 500:
-            text = "firstbyte failed to handle this request; the error is in its log."
-            body = error_bytes(OPENAI, status, text, "server_error", code="internal_error")
-        else:
-            first = (str(message or exc or "").strip().splitlines() or ["malformed request"])[0]
-            text = f"Malformed HTTP request: {first[:200]}"
-            body = error_bytes(OPENAI, status, text, "invalid_request_error", code=f"http_{status}")
-        response = web.Response(body=body, status=status, content_type=JSON)
+        response = web.Response(body=malformed_request(status, message or exc), status=status, content_type=JSON,
+                                headers={"x-request-id": new_id()})
         response.force_close()
+        if self._guard.on_refused is not None:
+            self._guard.on_refused(request, response)
         return response
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
@@ -392,6 +380,7 @@ class GuardedRunner(web.AppRunner):
     async def setup(self) -> None:
         if self.internals is None:
             self.internals = await checked()
+        self.guard.on_refused = self.app.get(ON_REFUSED)
         await super().setup()
         self.guard.start()
 

@@ -16,7 +16,17 @@ from proxy.observe.hub import Hub
 from proxy.server.listener import LINGER, SILENT_SECS, Guard, GuardedRunner
 from proxy.server.ops import build_ops_app
 
-from ..conftest import assert_openai_error, exchange, make_config, ok_handler, openai_provider, post_head, route_config
+from ..conftest import (
+    Recorder,
+    assert_openai_error,
+    exchange,
+    make_config,
+    ok_handler,
+    openai_provider,
+    post_head,
+    route_config,
+    until,
+)
 
 CHAT = orjson.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
 FAST = {"header_timeout": 0.3, "body_timeout": 0.3, "keepalive_timeout": 0.3, "max": 8}
@@ -220,6 +230,24 @@ async def test_at_the_cap_a_connection_with_a_request_under_way_is_never_evicted
 async def test_aiohttps_own_parser_errors_answer_in_the_openai_shape(guarded, head):
     status, _, body = await exchange(guarded.port, head)
     assert_openai_error(status, body, 400)
+
+
+@pytest.mark.parametrize("extra", [
+    pytest.param(b"Content-Encoding: br\r\n", id="brotli-body"),
+    pytest.param(b"Transfer-Encoding: chunked\r\n", id="content-length-and-chunked"),
+])
+async def test_a_request_aiohttps_parser_refuses_has_a_request_id_and_an_access_log_line(upstreams, proxy, extra):
+    """A reviewer's requests refused by aiohttp's own parser before any handler: the 400 had no
+    ``x-request-id`` and the access log no line, so an operator could not find it."""
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    recorder = Recorder()
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                    observers=[recorder])
+    status, headers, body = await exchange(p.port, post_head(len(CHAT), extra=extra), CHAT)
+    assert_openai_error(status, body, 400, "http_400")
+    rid = headers.get("x-request-id")
+    await until(lambda: bool(recorder.seen))
+    assert rid and [(f.status, f.request_id, f.error) for f in recorder.seen] == [(400, rid, "http_400")]
 
 
 async def test_the_ops_listener_answers_unknown_paths_in_the_openai_shape():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -81,3 +83,55 @@ def test_a_loaded_simulator_slows_with_the_calls_still_waiting_for_their_first_c
     assert sim._first_delay(sim.knobs) == pytest.approx(0.04)  # two still waiting
     now[0] = 101.0
     assert sim._first_delay(sim.knobs) == 0.02  # all done: unloaded again
+
+
+async def test_embedding_calls_past_openais_input_bound_are_refused_without_holding_the_loop(proxy) -> None:
+    """A reviewer's three embedding calls of 200,000 inputs each to the simulated provider held the
+    event loop, and /healthz beside them, for 3.7 s (each input computed in Python). The simulator
+    answers past OpenAI's own bound (2,048 inputs) as OpenAI does, a 400, and a call within it stays
+    cheap. (The large calls are raw aiohttp: the SDK takes seconds to build such a body.)"""
+    import time
+
+    from proxy.sim.simulator import MAX_EMBEDDING_INPUTS
+
+    p = await proxy({"max_body_bytes": 64 * 1024 * 1024, "providers": {"sim": {"kind": "simulated"}},
+                     "routes": {"emb": {"targets": [{"provider": "sim", "model": "m"}]}}})
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    worst = 0.0
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        nonlocal worst
+        async with aiohttp.ClientSession() as session:
+            while not done.is_set():
+                t0 = time.monotonic()
+                async with session.get(p.url + "/healthz") as resp:
+                    assert resp.status == 200
+                worst = max(worst, time.monotonic() - t0)
+                await asyncio.sleep(0.02)
+
+    body = json.dumps({"model": "emb", "input": ["hello world"] * 200_000}).encode()
+
+    async def too_many() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session, session.post(p.url + "/v1/embeddings",
+                                                                            data=io.BytesIO(body)) as resp:
+            assert resp.status == 400
+            return (await resp.json())["error"]
+
+    prober = asyncio.create_task(probe())
+    try:
+        await asyncio.sleep(0.05)
+        refusals = await asyncio.gather(*(too_many() for _ in range(3)))
+    finally:
+        done.set()
+        await prober
+    try:
+        fits = await client.embeddings.create(model="emb", input=["hello world"] * MAX_EMBEDDING_INPUTS)
+    finally:
+        await client.close()
+    assert {r["code"] for r in refusals} == {"array_above_max_length"}
+    assert "at most 2048 inputs, got 200000" in refusals[0]["message"]
+    assert len(fits.data) == MAX_EMBEDDING_INPUTS
+    # the three calls' own parsing and checks share the loop (and this test's clients do too, on a busy
+    # machine): the bound is on the simulator's part, which alone took 3.7 s on an idle one
+    assert worst < 1.5, f"/healthz waited {worst:.2f} s behind the embedding calls"

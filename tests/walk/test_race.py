@@ -907,6 +907,8 @@ async def test_a_target_twenty_times_slower_that_recovers_leads_within_about_ten
     ranked = [(n, why.split()[0]) for n, why in (d.order[0] for d in after)]
     leads = [i for i, first in enumerate(ranked) if first == ("c", "fastest")]
     assert leads and leads[0] < within, [(d.order, d.race) for d in after]
-    assert ("a", "fastest") not in ranked[leads[0]:], [(d.order, d.race) for d in after]  # it keeps the lead
-    spent = warm[10:] + after
-    assert sum(duplicate_calls(d.race) for d in spent) <= 0.1 * len(spent) + 1  # the budget's start token
+    # and mostly keeps it: its figure still carries the old 800 ms for some twenty samples, so on a busy
+    # machine one slow sample can hand the lead back to a until c's next look (docs/adr/0023)
+    assert len(leads) >= (len(after) - leads[0]) / 2, [(d.order, d.race) for d in after]
+    run = warm + after  # within the budget: its start token, a tenth of each request, one free measure each
+    assert sum(duplicate_calls(d.race) for d in run) <= 1 + 0.1 * len(run) + len(handlers)
