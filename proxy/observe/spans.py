@@ -44,7 +44,8 @@ class SpanWriter:
 
     def __init__(self, config: Config | None = None) -> None:
         self._targets: dict[str, tuple[str, bytes]] = {}  # target: (upstream model, its fixed attributes)
-        self._heads: dict[tuple[object, ...], Head] = {}  # the values that decide a head: the head
+        # the values that decide a head: the head (a request's key has 7 or 13 values, an attempt's 6)
+        self._heads: dict[tuple[object, ...], Head] = {}
         if config is not None:
             self.reconfigure(config)
 
