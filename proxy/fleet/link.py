@@ -2,9 +2,10 @@
 
 State's door hands every change to ``hear`` (a deque append: nothing awaits); a publisher task
 sends what gathered as one stream entry (at once when idle; under load, what came during the last
-send), a reader task blocks on the stream and folds in the other instances' entries, and the
-probe task claims the fleet's one half-open probe per target (``probes.py``). On start the
-stream's tail is folded in before the instance says it is ready (warm start).
+send and the short gap after it), a reader task blocks on the stream and folds in the other
+instances' entries, and the probe task claims the fleet's one half-open probe per target
+(``probes.py``). On start the stream's tail is folded in before the instance says it is ready
+(warm start).
 
 Redis down, slow, flushed or refusing: every command has a short timeout; the first failure
 drops the link (the instance goes on alone at once, its probes its own again), one line is
@@ -43,8 +44,9 @@ log = logging.getLogger("firstbyte")
 
 TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
 BLOCK_MS = 500  # the reader's blocking read
-LOAD_SECS = 0.25  # in-flight counts are told this often while they change
-HEARTBEAT = 0.5  # and at least this often, so the others know this instance is live (a limit's share)
+HEARTBEAT = 0.5  # in-flight counts are told this often: the others know this instance is live (a limit's share)
+SEND_GAP = 0.02  # after an entry is sent, what comes within this long waits for the next (one entry, not many)
+READ_GAP = 0.01  # after a read that brought entries, the next waits this long (one wakeup for a burst)
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
 STREAM_MAX = 20_000  # entries the stream keeps (approximately): the warm start's memory
@@ -103,7 +105,6 @@ class FleetLink:
         self._task: asyncio.Task[None] | None = None
         self.redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
-        self._loads: dict[str, int] = {}
         self._told = -HEARTBEAT  # when the loads were last told (monotonic)
         self.on_change: Callable[[], None] | None = None  # the members or the link changed: limits re-split
 
@@ -279,13 +280,16 @@ class FleetLink:
 
     async def _publish(self) -> None:
         while True:
-            # No wait to gather a batch: an event goes at once, and what arrives while one entry is
-            # being sent goes in the next (batches grow with the load, not with a timer).
+            # An event after a quiet spell goes at once; what arrives while one entry is sent, and
+            # SEND_GAP after it, goes in the next: under load one entry carries many calls' events
+            # (docs/adr/0016, "Cost per call"). The heartbeat is told on its own timer.
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
-                async with asyncio.timeout(LOAD_SECS):
+                async with asyncio.timeout(max(0.0, self._told + HEARTBEAT - time.monotonic())):
                     await self._wake.wait()
             self._wake.clear()
-            self._tell_loads()
+            if time.monotonic() - self._told >= HEARTBEAT:
+                self._tell_loads()
+            sent = False
             while self.outbox:
                 n = min(len(self.outbox), BATCH)
                 batch = [self.outbox.popleft() for _ in range(n)]
@@ -298,20 +302,22 @@ class FleetLink:
                     except BaseException:
                         self.drops += n
                         raise
+                    sent = True
                 self.events_out += n
+            if sent:
+                await asyncio.sleep(SEND_GAP)
 
     def _tell_loads(self) -> None:
-        """This instance's calls in flight per fleet id, when they changed and at least every
-        HEARTBEAT (an empty count says this instance is live)."""
+        """This instance's calls in flight per fleet id, every HEARTBEAT (an empty count says this
+        instance is live). Not on each change: a member's share needs only who is live, and a
+        count per call was most of the link's cost per call."""
         loads: dict[str, int] = {}
         for key, ts in self.state.targets.items():
             fid = self.fid_of.get(key)
             if fid is not None and ts.in_flight:
                 loads[fid] = loads.get(fid, 0) + ts.in_flight
-        now = time.monotonic()
-        if loads != self._loads or now - self._told >= HEARTBEAT:
-            self._loads, self._told = loads, now
-            self.outbox.append((("n", loads), time.time()))
+        self._told = time.monotonic()
+        self.outbox.append((("n", loads), time.time()))
 
     async def _read(self) -> None:
         reader = self._reader
@@ -323,6 +329,8 @@ class FleetLink:
                     self.last_id = entry_id
                     self._fold(entry_id, fields)
             self._changed()  # at least every BLOCK_MS: a member heard, or one gone quiet
+            if reply:
+                await asyncio.sleep(READ_GAP)  # a burst of the peers' entries comes in one reply
 
     def _fold(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> int:
         instance = fields.get("i", "")
@@ -330,6 +338,8 @@ class FleetLink:
             return 0  # our own: applied when it happened
         wires = decode(fields.get("e", "[]"))
         applied = fold(self.state, instance, wires, self.keys_of, self.clock(), self.to_local, self.peers)
+        if any(wire[0] in ("f", "o") for wire in wires):
+            self.probes.wake()  # a breaker may have opened: its probe claim is looked after from now
         self.events_in += len(wires)
         if not warm:
             with contextlib.suppress(ValueError):

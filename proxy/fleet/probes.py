@@ -12,9 +12,11 @@ run (its provider's connect plus first-chunk timeouts), so a claimer that died b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config, TargetKey
+from ..state.breaker import OPEN
 from .wire import claim_key
 
 if TYPE_CHECKING:
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Probes"]
 
-TICK = 0.02  # how often half-open breakers are looked at
+TICK = 0.02  # how often half-open breakers are looked at while some breaker is open or a claim held
+IDLE_TICK = 0.5  # ... while none is (an opening, ours or a peer's, wakes the task at once)
 UNUSED_SECS = 1.0  # a claim no call used by then goes back to the fleet
 RETRY_SECS = 0.25  # after losing a claim (or giving back an unused one), wait this long to try again
 MAX_TTL = 120.0
@@ -39,6 +42,7 @@ class Probes:
         self.retry_at: dict[str, float] = {}
         self.ttl_of: dict[str, float] = {}
         self.claims = 0  # won, since start
+        self._wake = asyncio.Event()
 
     def configure(self, config: Config) -> None:
         ttl: dict[str, float] = {}
@@ -48,7 +52,10 @@ class Probes:
         self.ttl_of = ttl
 
     def heard(self, event: tuple[Any, ...]) -> None:
-        """A local change: a verdict (a sample, a reopening) or a probe given back ends our claim."""
+        """A local change: a verdict (a sample, a reopening) or a probe given back ends our claim;
+        an opening wakes the task from its idle tick."""
+        if event[0] == "o":
+            self.wake()
         if event[0] in ("s", "o", "p"):
             fid = self.link.fid_of.get(event[1])
             if fid is not None and fid in self.held:
@@ -59,11 +66,26 @@ class Probes:
         self.held.clear()
         self.back.clear()
 
+    def wake(self) -> None:
+        """A breaker opened (here or heard from a peer): look every TICK until it is settled."""
+        if not self._wake.is_set():
+            self._wake.set()
+
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(TICK)
+            if self._busy():
+                await asyncio.sleep(TICK)
+            else:  # nothing open, nothing held: 2 wakeups a second, not 50 (docs/adr/0016, "Cost per call")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(IDLE_TICK):
+                        await self._wake.wait()
+            self._wake.clear()
             await self._give_back()
             await self._claim()
+
+    def _busy(self) -> bool:
+        return bool(self.held or self.back or self._wake.is_set()) or any(
+            ts.breaker.state == OPEN for ts in self.link.state.targets.values())
 
     async def _give_back(self) -> None:
         link, now = self.link, self.link.clock()
