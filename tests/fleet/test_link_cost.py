@@ -1,0 +1,52 @@
+"""What the link sends per call: entries that carry many calls' events, and a heartbeat on a timer.
+
+Each stream entry is an XADD from this instance and an XREAD reply at every member; in a fleet of
+three, each of them also folds every peer entry. So the entries an instance sends bound the fleet's
+cost per call (docs/adr/0016, "Cost per call"): in-flight counts go out on the heartbeat, not at
+each change, and what comes while one entry is being sent, or just after, goes in the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import aiohttp
+import orjson
+import redis.asyncio as aioredis
+
+from proxy.fleet.link import HEARTBEAT, SEND_GAP
+from proxy.fleet.wire import stream_key
+
+from ..redis_server import PASSWORD
+from .test_link import fleet_config, fleet_of, ok, post
+
+CALLS = 120
+
+
+async def test_calls_share_entries_and_in_flight_counts_go_on_the_heartbeat(redis_server, upstreams,
+                                                                            proxy) -> None:
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    (p,) = await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"up": up.url}))
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        first = (await client.xrevrange(stream_key(fleet), count=1) or [(b"0-0", {})])[0][0]
+        start = time.monotonic()
+        async with aiohttp.ClientSession() as session:
+
+            async def caller() -> list[int]:  # 8 of them, each call right after the last: counts move
+                return [await post(session, p) for _ in range(CALLS // 8)]
+
+            assert await asyncio.gather(*(caller() for _ in range(8))) == [[200] * (CALLS // 8)] * 8
+        await asyncio.sleep(2 * SEND_GAP)  # the last samples sent
+        elapsed = time.monotonic() - start
+        entries = await client.xrange(stream_key(fleet), min=f"({first.decode()}")
+    finally:
+        await client.aclose()
+    events = [e for _, fields in entries for e in orjson.loads(fields[b"e"])]
+    assert sum(e[0] == "s" for e in events) == CALLS  # every sample travels
+    beats = sum(e[0] == "n" for e in events)
+    assert beats <= elapsed / HEARTBEAT + 2, (beats, elapsed)  # not one per change of a count
+    assert len(entries) <= elapsed / SEND_GAP + beats + 2, (len(entries), elapsed)
