@@ -289,9 +289,10 @@ class FleetLink:
             self._wake.clear()
             if time.monotonic() - self._told >= HEARTBEAT:
                 self._tell_loads()
-            sent = False
-            while self.outbox:
-                n = min(len(self.outbox), BATCH)
+            sent, pending = False, len(self.outbox)  # what came while sending waits for the next turn
+            while pending > 0:
+                n = min(pending, BATCH)
+                pending -= n
                 batch = [self.outbox.popleft() for _ in range(n)]
                 wires = encode(batch, self.fid_of, self.to_wall)
                 if wires:
