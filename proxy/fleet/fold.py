@@ -73,27 +73,35 @@ def fold(state: State, instance: str, wires: Sequence[Wire], keys_of: Mapping[st
                 peers.heard(instance, wire[1], now, min(now, to_local(_bounded(wire[2], 0.0, math.inf))))
                 continue
             keys = keys_of.get(wire[1], ()) if isinstance(wire[1], str) else ()
-            for key in keys:
-                _apply(state, state.target(key), wire, now, to_local, instance)
-                applied += 1
+            if keys:  # read and bounded once, applied to every local target of the fleet id
+                _apply(state, [state.target(key) for key in keys], wire, now, to_local, instance)
+                applied += len(keys)
         except (TypeError, ValueError, KeyError, IndexError):
             continue  # a malformed event from a peer of another version: skipped alone
     return applied
 
 
-def _apply(state: State, ts: Any, wire: Wire, now: float, to_local: Callable[[float], float], by: str) -> None:
+def _apply(state: State, targets: list[Any], wire: Wire, now: float, to_local: Callable[[float], float],
+           by: str) -> None:
     kind = wire[0]
     if kind in ("s", "c"):  # a sample from a clock ahead of ours lands now, not in our future
         at = min(now, to_local(_bounded(wire[4], 0.0, math.inf)))
-        state.heard_sample(ts, _bounded(wire[3], 0.0, 86400.0), at, str(wire[2]), kind == "c", by)
+        seconds, mode, censored = _bounded(wire[3], 0.0, 86400.0), str(wire[2]), kind == "c"
+        for ts in targets:
+            state.heard_sample(ts, seconds, at, mode, censored, by)
     elif kind == "f":
-        secs = _bounded(wire[4], 0.0, MAX_COOLDOWN)
-        state.heard_failure(ts, now, Cooldown(failures=max(1, int(wire[3])), secs=secs), by)
+        cooldown = Cooldown(failures=max(1, int(wire[3])), secs=_bounded(wire[4], 0.0, MAX_COOLDOWN))
+        for ts in targets:
+            state.heard_failure(ts, now, cooldown, by)
     elif kind == "o":
         until = min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN)
-        state.heard_open(ts, until, _bounded(wire[3], 0.0, MAX_COOLDOWN), by, now)
+        cooldown_secs = _bounded(wire[3], 0.0, MAX_COOLDOWN)
+        for ts in targets:
+            state.heard_open(ts, until, cooldown_secs, by, now)
     elif kind == "r":
-        state.heard_cool(ts, min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN), by, now)
+        until = min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN)
+        for ts in targets:
+            state.heard_cool(ts, until, by, now)
     else:
         raise ValueError(kind)
 

@@ -46,7 +46,7 @@ TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
 BLOCK_MS = 500  # the reader's blocking read
 HEARTBEAT = 0.5  # in-flight counts are told this often: the others know this instance is live (a limit's share)
 SEND_GAP = 0.02  # after an entry is sent, what comes within this long waits for the next (one entry, not many)
-READ_GAP = 0.01  # after a read that brought entries, the next waits this long (one wakeup for a burst)
+READ_GAP = 0.02  # after a read that brought entries, the next waits this long (one wakeup for a burst)
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
 STREAM_MAX = 20_000  # entries the stream keeps (approximately): the warm start's memory
@@ -338,7 +338,9 @@ class FleetLink:
         if instance == self.instance:
             return 0  # our own: applied when it happened
         wires = decode(fields.get("e", "[]"))
-        applied = fold(self.state, instance, wires, self.keys_of, self.clock(), self.to_local, self.peers)
+        now = self.clock()
+        offset = now - time.time()  # wall clock to ours, read once per entry, not per event
+        applied = fold(self.state, instance, wires, self.keys_of, now, lambda wall: wall + offset, self.peers)
         if any(wire[0] in ("f", "o") for wire in wires):
             self.probes.wake()  # a breaker may have opened: its probe claim is looked after from now
         self.events_in += len(wires)
