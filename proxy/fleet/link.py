@@ -45,7 +45,8 @@ log = logging.getLogger("firstbyte")
 TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
 BLOCK_MS = 500  # the reader's blocking read
 HEARTBEAT = 0.5  # in-flight counts are told this often: the others know this instance is live (a limit's share)
-SEND_GAP = 0.02  # after an entry is sent, what comes within this long waits for the next (one entry, not many)
+SEND_GAP = 0.05  # after an entry is sent, what comes within this long waits for the next (one entry, not many),
+URGENT = frozenset({"f", "o", "r"})  # except a failure, an opening or a cool-down (and a first sample): sent at once
 READ_GAP = 0.02  # after a read that brought entries, the next waits this long (one wakeup for a burst)
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
@@ -102,6 +103,7 @@ class FleetLink:
         self.last_id = "0-0"  # the newest entry read; a reconnect catches up from it
         self._warmed = asyncio.Event()
         self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()  # cuts the send gap short
         self._task: asyncio.Task[None] | None = None
         self.redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
@@ -127,6 +129,9 @@ class FleetLink:
             self.drops += 1
         self.outbox.append((event, time.time()))
         self.probes.heard(event)
+        if event[0] in URGENT or (self.measures.unmeasured and event[0] == "s"
+                                  and (self.fid_of.get(event[1]), event[2]) in self.measures.unmeasured):
+            self._urgent.set()
         if not self._wake.is_set():
             self._wake.set()
 
@@ -287,6 +292,7 @@ class FleetLink:
                 async with asyncio.timeout(max(0.0, self._told + HEARTBEAT - time.monotonic())):
                     await self._wake.wait()
             self._wake.clear()
+            self._urgent.clear()
             if time.monotonic() - self._told >= HEARTBEAT:
                 self._tell_loads()
             sent, pending = False, len(self.outbox)  # what came while sending waits for the next turn
@@ -306,7 +312,9 @@ class FleetLink:
                     sent = True
                 self.events_out += n
             if sent:
-                await asyncio.sleep(SEND_GAP)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SEND_GAP):
+                        await self._urgent.wait()
 
     def _tell_loads(self) -> None:
         """This instance's calls in flight per fleet id, every HEARTBEAT (an empty count says this

@@ -66,6 +66,7 @@ class Measures:
         self.routes: list[Route] = []
         self.claims = 0  # won, since start
         self._seen: object = None  # what the last tick read: unmeasured, holders, in use
+        self.unmeasured: frozenset[Claim] = frozenset()  # as the last tick saw: a sample of one goes at once
         self._changed_at = 0.0
 
     def configure(self, config: Config) -> None:
@@ -75,6 +76,7 @@ class Measures:
         """The link is down: our claims expire on their own; nobody else's binds us."""
         self.held.clear()
         self.renewed.clear()
+        self.unmeasured = frozenset()
         self.link.state.set_measuring(frozenset())
 
     def status(self) -> list[str]:
@@ -91,6 +93,7 @@ class Measures:
         """Read the claims of what is unmeasured, tend ours, take one ahead per mode."""
         link, now = self.link, self.link.clock()
         wanted = self._unmeasured(now)
+        self.unmeasured = frozenset(wanted)
         for claim in [c for c in self.held if c not in wanted]:
             # Measured (or no longer measurable): left to expire, not deleted, so a peer whose view
             # lacks the sample yet still reads it as being measured instead of free to measure again.
