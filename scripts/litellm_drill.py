@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -37,8 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_drill
 
 # Loopback only: LiteLLM's own cost map, not a fetch from GitHub (retried three times at each start);
-# no telemetry.
-OFFLINE = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
+# no telemetry. The proxy refuses to start without a master key: a throwaway one, sent by the client.
+MASTER_KEY = "sk-drill-" + secrets.token_hex(16)
+OFFLINE = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
+           "LITELLM_MASTER_KEY": MASTER_KEY}
 
 
 def take_ports(base: int, count: int) -> list[int]:
@@ -84,7 +87,8 @@ async def failing_run(session: aiohttp.ClientSession, ups: fleet_drill.Upstreams
         i = sent % len(urls)
         before = ups.calls["bad"]
         body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-        async with session.post(urls[i] + "/v1/chat/completions", json=body) as resp:
+        async with session.post(urls[i] + "/v1/chat/completions", json=body,
+                                headers={"authorization": f"Bearer {MASTER_KEY}"}) as resp:
             await resp.read()
             statuses[resp.status] = statuses.get(resp.status, 0) + 1
         sent += 1
@@ -124,8 +128,10 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
         return {"proxy": "litellm", "version": version(), "instances": args.instances,
                 "allowed_fails": args.allowed_fails, **result}
     except SystemExit:
+        keep = Path(tempfile.mkdtemp(prefix="litellm-drill-logs-"))
         for done in sorted(tmp.glob("litellm-*.log")):
-            print(f"--- {done.name}\n{done.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+            shutil.copy(done, keep)
+        print(f"the proxies' logs: {keep}", file=sys.stderr)
         raise
     finally:
         for proc in reversed(procs):

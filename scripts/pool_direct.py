@@ -9,7 +9,8 @@ client sends each request straight to the upstream that is fastest by the schedu
 every client alike, and ``x direct`` (a strategy's mean time to first token over the direct client's)
 is what firstbyte costs a caller who could not know which target is fastest, the proxy's own hop
 included. ``x sched`` is the mean over the configured delay of the best target (the other modes'
-oracle). Duplicates: upstream calls beside the first, by each answer's ``race=``.
+oracle). Duplicates: upstream calls beside the first, by each answer's ``race=``. Follow: each repeat's
+requests after the shift until 16 of 20 in a row went to the new best.
 
 Strategies (each a route over A, B, C; ``fastest`` and ``hedge`` as the shipped routes.yaml's ``chat``
 route sets them): ``shipped`` (with its ``hedge``), ``unset`` (the same route saying nothing about
@@ -39,7 +40,7 @@ from typing import Any
 import aiohttp
 import bench
 import orjson
-from pool_measure import restart, sim_command, sim_offsets, start_all
+from pool_measure import follow, restart, sim_command, sim_offsets, start_all
 from pool_schedule import ABRUPT_SCENARIOS, NAMES, OUT, ROOT, SCENARIOS, extra_calls, oracle
 
 from proxy.config import read_yaml
@@ -181,6 +182,8 @@ def figures(calls: list[dict[str, Any]], direct: list[dict[str, Any]], shift_t: 
            "x_sched": mean / statistics.fmean(c["oracle_ms"] for c in ok),
            "dup_share": sum(c.get("extra", 0) for c in calls) / len(calls),
            "on_best": sum(c.get("served") == c["oracle"] for c in ok) / len(ok)}
+    if shift_t is not None:  # requests after the shift until 16 of 20 in a row went to the new best
+        out["follow"] = follow(calls, shift_t)
     if shift_t is not None:  # after the shift alone: where an abrupt scenario's cost is
         after, dafter = [c for c in ok if c["t"] >= shift_t], [c for c in dok if c["t"] >= shift_t]
         if after and dafter:
@@ -200,7 +203,7 @@ def pool(reps: list[dict[str, Any]], strategies: list[str]) -> dict[str, Any]:
         if calls(s, True) and calls(DIRECT, True):
             pooled[s]["x_direct_after"] = figures(calls(s, True), calls(DIRECT, True), None)["x_direct"]
     return {"repeats": [{s: figures(r["calls"][s], r["calls"][DIRECT], r["shift_t"]) for s in strategies}
-                        for r in reps], "pooled": pooled}
+                        for r in reps], "pooled": pooled, "shifted": any(r["shift_t"] is not None for r in reps)}
 
 
 def spread(values: list[float], spec: str = ".2f") -> str:
@@ -210,7 +213,7 @@ def spread(values: list[float], spec: str = ".2f") -> str:
 def table(results: dict[str, Any], strategies: list[str]) -> list[str]:
     """Markdown rows: pooled over the repeats, each repeat's range in brackets, and the goal's verdict."""
     rows = ["| scenario | strategy | reqs | x direct (mean) | x direct after the shift | x oracle | x sched | dup % | "
-            "on best % | goal |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "on best % | follow | goal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in results.items():
         for s in strategies:
             if s == DIRECT:
@@ -229,8 +232,9 @@ def table(results: dict[str, Any], strategies: list[str]) -> list[str]:
             x_oracle = "-" if oracle is None else (
                 f"{p['mean_ms'] / oracle['mean_ms']:.2f} "
                 f"{spread([r[s]['mean_ms'] / r['oracle']['mean_ms'] for r in res['repeats']])}")
+            follows = " ".join("-" if r.get("follow") is None else str(r["follow"]) for r in reps)
             rows.append(f"| {name} | {s} | {p['requests']} | {ratio} | {after_s} | {x_oracle} | {p['x_sched']:.2f} "
-                        f"| {dup} | {p['on_best'] * 100:.0f} | {verdict} |")
+                        f"| {dup} | {p['on_best'] * 100:.0f} | {follows if res['shifted'] else '-'} | {verdict} |")
     return rows
 
 
