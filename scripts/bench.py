@@ -203,6 +203,8 @@ class Seeing:
                 pass
 
         self.sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+        # a stopped firstbyte resets the connection it kept: no traceback for that
+        self.sink.handle_error = lambda request, address: None  # type: ignore[method-assign]
         self.otlp = f"http://127.0.0.1:{self.sink.server_address[1]}/v1/traces"
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.sink.serve_forever, daemon=True)]
