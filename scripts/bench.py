@@ -143,13 +143,14 @@ FB_PID: int | None = None  # firstbyte's process (the supervisor with --workers)
 REDIS: str | None = None  # --redis: the firstbyte processes run as a fleet of one on this Redis
 
 
-def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: float = 1.0,
+def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: float | None = 1.0,
                      export_every: float | None = None) -> dict[str, Any]:
     """Route ``one`` (one target) and ``five`` (five providers), both ``fastest`` with ``hedge`` on (as
     routes.yaml has it: issue 13 asks the goals to hold with hedging configured), all on ``upstream``;
-    with ``otlp``, requests traced to that collector (``sample`` of them, every one by default)."""
+    with ``otlp``, requests traced to that collector (``sample`` of them, every one by default; None:
+    firstbyte's own default)."""
     providers = {f"p{i}": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream}/v1"} for i in range(1, 6)}
-    tracing: dict[str, Any] = {"otlp": otlp, "sample": sample}
+    tracing: dict[str, Any] = {"otlp": otlp, **({"sample": sample} if sample is not None else {})}
     if export_every is not None:
         tracing["export_every"] = export_every
     return {
@@ -168,9 +169,9 @@ def firstbyte_config(port: int, upstream: int, otlp: str | None = None, sample: 
 
 
 def firstbyte(procs: Procs, name: str, port: int, upstream: int, tmp: Path,
-              otlp: str | None = None) -> subprocess.Popen[bytes]:
+              otlp: str | None = None, sample: float | None = None) -> subprocess.Popen[bytes]:
     path = tmp / f"{name}.json"  # JSON is YAML
-    path.write_text(json.dumps(firstbyte_config(port, upstream, otlp)))
+    path.write_text(json.dumps(firstbyte_config(port, upstream, otlp, sample)))
     if WORKERS == 1:
         return procs.start(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)], port)
     proc = procs.spawn(name, [str(BIN / "firstbyte"), "serve", "--config", str(path)])
@@ -203,6 +204,8 @@ class Seeing:
                 pass
 
         self.sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+        # a stopped firstbyte resets the connection it kept: no traceback for that
+        self.sink.handle_error = lambda request, address: None  # type: ignore[method-assign]
         self.otlp = f"http://127.0.0.1:{self.sink.server_address[1]}/v1/traces"
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.sink.serve_forever, daemon=True)]
@@ -513,7 +516,10 @@ def main() -> int:
                    help="repeats that also hold the long streams (about a minute each; memory per stream "
                         "moved by under 0.1x between repeats)")
     p.add_argument("--see", action="store_true",
-                   help="firstbyte with every request traced to a loopback OTLP sink and its status page polled")
+                   help="firstbyte tracing to a loopback OTLP sink (--see-sample of the requests) and its "
+                        "status page polled once a second")
+    p.add_argument("--see-sample", type=float, default=None,
+                   help="with --see: tracing.sample (default: firstbyte's own, 0.1; 1.0 traces every request)")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "bench.json"))
     args = p.parse_args()
     global REDIS, WORKERS, FB_PID
@@ -538,7 +544,8 @@ def main() -> int:
         ports = {"direct": sim, "floor": free_port(), "floorc": free_port(), "fb1": free_port()}
         floor(procs, "floor", ports["floor"], sim)
         floor(procs, "floor-commit", ports["floorc"], sim, commit=True)
-        FB_PID = firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp, seeing.otlp if seeing else None).pid
+        FB_PID = firstbyte(procs, "firstbyte", ports["fb1"], sim, tmp, seeing.otlp if seeing else None,
+                            args.see_sample).pid
         spread = {}
         if WORKERS > 1:
             spread = bench_box.spread(ports["fb1"])

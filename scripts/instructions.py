@@ -152,10 +152,10 @@ def main() -> int:
             gen.close()
         procs.stop_all()
     print(f"instructions per call (callgrind, {args.calls} calls at concurrency 16, thousands)\n")
-    print(f"{'':<14}{'buffered':>10}{'x floor':>9}{'streamed':>10}{'x floor':>9}")
+    print(f"{'':<18}{'buffered':>10}{'x floor':>9}{'streamed':>10}{'x floor':>9}")
     for name, row in rows.items():
         b, s = row["buffered"], row["streamed"]
-        print(f"{name:<14}{b / 1000:>10.0f}{b / rows['floor']['buffered']:>9.2f}"
+        print(f"{name:<18}{b / 1000:>10.0f}{b / rows['floor']['buffered']:>9.2f}"
               f"{s / 1000:>10.0f}{s / rows['floor']['streamed']:>9.2f}")
     return 0
 
