@@ -287,7 +287,7 @@ class FleetLink:
         while True:
             # An event after a quiet spell goes at once; what arrives while one entry is sent, and
             # SEND_GAP after it, goes in the next: under load one entry carries many calls' events
-            # (docs/adr/0016, "Cost per call"). The heartbeat is told on its own timer.
+            # (docs/adr/0016, "cost per call"). The heartbeat is told on its own timer.
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
                 async with asyncio.timeout(max(0.0, self._told + HEARTBEAT - time.monotonic())):
                     await self._wake.wait()
@@ -319,7 +319,7 @@ class FleetLink:
     def _tell_loads(self) -> None:
         """This instance's calls in flight per fleet id, every HEARTBEAT (an empty count says this
         instance is live). Not on each change: a member's share needs only who is live, and a
-        count per call was most of the link's cost per call."""
+        count at each change cost an entry every few calls."""
         loads: dict[str, int] = {}
         for key, ts in self.state.targets.items():
             fid = self.fid_of.get(key)

@@ -75,7 +75,7 @@ class Probes:
         while True:
             if self._busy():
                 await asyncio.sleep(TICK)
-            else:  # nothing open, nothing held: 2 wakeups a second, not 50 (docs/adr/0016, "Cost per call")
+            else:  # nothing open, nothing held: 2 wakeups a second, not 50 (docs/adr/0016, "cost per call")
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(IDLE_TICK):
                         await self._wake.wait()
