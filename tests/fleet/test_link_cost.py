@@ -19,8 +19,9 @@ import redis.asyncio as aioredis
 from proxy.fleet.link import HEARTBEAT, SEND_GAP
 from proxy.fleet.wire import stream_key
 
+from ..conftest import status_handler
 from ..redis_server import PASSWORD
-from .test_link import fleet_config, fleet_of, ok, post
+from .test_link import CHAT, fleet_config, fleet_of, ok, post
 
 LOAD_SECS = 1.6  # long enough for three heartbeats under load
 
@@ -52,3 +53,29 @@ async def test_calls_share_entries_and_in_flight_counts_go_on_the_heartbeat(redi
     assert beats <= elapsed / HEARTBEAT + 2, (beats, elapsed)  # not one per change of a count
     assert beats >= LOAD_SECS / HEARTBEAT - 1, (beats, elapsed)  # and the heartbeat goes on under load
     assert len(entries) <= elapsed / SEND_GAP + beats + 2, (len(entries), elapsed)
+
+
+async def test_a_breaker_opening_does_not_wait_for_the_send_gap(redis_server, upstreams, proxy) -> None:
+    good = await upstreams({"/v1/chat/completions": ok})
+    bad = await upstreams({"/v1/chat/completions": status_handler(503)})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(redis_server, fleet, {"good": good.url, "bad": bad.url}, failures=1)
+    raw["routes"] = {"chat": {"strategy": "ordered", "targets": [{"provider": "good", "model": "m"}]},
+                     "bad": {"strategy": "ordered", "cooldown": {"failures": 1, "secs": 30.0},
+                             "targets": [{"provider": "bad", "model": "m"}]}}
+    (p,) = await fleet_of(1, proxy, raw)
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await post(session, p) == 200  # its sample goes at once; the send gap starts
+            async with session.post(p.url + "/v1/chat/completions", json={**CHAT, "model": "bad"}) as resp:
+                assert resp.status >= 500  # the one failure opens the breaker
+        await asyncio.sleep(2 * SEND_GAP)
+        entries = await client.xrange(stream_key(fleet))
+    finally:
+        await client.aclose()
+    sent = [(int(entry_id.split(b"-")[0]) / 1000, e) for entry_id, fields in entries
+            for e in orjson.loads(fields[b"e"])]
+    (at, opening), = [(at, e) for at, e in sent if e[0] == "o"]
+    opened = opening[2] - opening[3]  # its deadline less its cooldown: when it opened, wall clock
+    assert at - opened < SEND_GAP / 2, at - opened  # sent at once, not after what is left of the gap
