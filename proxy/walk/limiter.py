@@ -37,11 +37,12 @@ class Limiter:
         return self.limit if self.share is None else self.share(self.limit)
 
     async def acquire(self) -> None:
-        if self.limit == 0 or (self.active < self.cap() and not self.waiters):
+        cap = self.cap()
+        if self.limit == 0 or (self.active < cap and not self.waiters):
             self.active += 1
             return
-        if len(self.waiters) >= self.queue:
-            raise Busy
+        if cap == 0 or len(self.waiters) >= self.queue:
+            raise Busy  # no share of the fleet's limit here: a waiter would have nothing to wait for
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         try:

@@ -73,3 +73,12 @@ async def test_a_fleet_share_caps_the_calls_and_a_grown_share_wakes_the_queue() 
     lim.release()
     await third
     assert lim.active == 2
+
+
+async def test_a_member_with_no_share_of_the_fleets_limit_is_busy_at_once_not_queued() -> None:
+    # a limit of 1 split among two members leaves one of them none (docs/adr/0016): with a queue, its
+    # callers waited with no bound (a reviewer held them 15 s, until the client gave up); they fail over
+    lim = Limiter(limit=1, queue=4, share=lambda limit: 0)
+    with pytest.raises(Busy):
+        await asyncio.wait_for(lim.acquire(), timeout=1.0)
+    assert lim.active == 0 and not lim.waiters
