@@ -23,7 +23,7 @@ from typing import Protocol
 
 from ..config import Fastest, Route, Target, TargetKey
 from ..state.budget import HedgeBudget
-from ..state.tracker import RECOVERED_AFTER, RECOVERY_FACTOR, STREAMED
+from ..state.tracker import STREAMED
 from .decision import PRICE, Ranked
 from .explore import stale as explore_now
 from .score import ScoreView, score
@@ -54,7 +54,9 @@ class OrderView(FigureView, ScoreView, Protocol):
 
 Figures = dict[str, float | None]
 
-RECOVERY_ALPHA = 0.8  # mostly the newest sample or two (RECOVERY_FACTOR, RECOVERED_AFTER: state/tracker.py)
+RECOVERY_ALPHA = 0.8  # mostly the newest sample or two
+RECOVERY_FACTOR = 2.0  # a figure halved by them is a recovery, not jitter
+RECOVERED_AFTER = 2  # samples in a row that say so stand for the target themselves (docs/adr/0023)
 
 
 def fastest_figures(targets: Sequence[Target], state: OrderView, policy: Fastest, now: float,
@@ -81,10 +83,7 @@ def _recovered(newest: Sequence[float], figure: float, recent: float) -> float:
     """A recovery's figure: the fast EWMA, or, once ``RECOVERED_AFTER`` samples in a row came in under
     half the old figure, the slowest of them: the old figure describes another moment (as two lost
     races in a row demote a leader, docs/adr/0022). From 20x the leader's time, the fast EWMA alone
-    needs three samples to lead; a single lucky sample of a jittery target still moves it no more.
-    The tracker restarts such a series from those samples (``Series.recover``) when they are also
-    under half the median of the samples before them, so this path is mostly a route's own reading
-    of a recovery the median did not confirm (an EWMA lifted by a stall)."""
+    needs three samples to lead; a single lucky sample of a jittery target still moves it no more."""
     if len(newest) == RECOVERED_AFTER and max(newest) * RECOVERY_FACTOR < figure:
         return max(newest)
     return recent

@@ -19,12 +19,6 @@ each lifted over ``behind`` (the figure of the target that won) by ``DEMOTE_MARG
 ranks behind the target it lost to whatever that target's figure says on paper. An answer faster
 than the smallest held bound clears them; a slower one confirms them and leaves them held.
 
-The reverse: ``RECOVERED_AFTER`` answers in a row, each under ``1/RECOVERY_FACTOR`` of the median of
-the (up to ``RECOVERY_REFERENCE``) samples before them, confirm a recovery: the series restarts from
-those answers, so one slow sample afterwards is averaged with them, not with the old era's (a figure
-of 800 ms carries it for about 20 samples at alpha 0.1). The old figure must rest on at least as many
-samples as the run that overturns it (docs/adr/0023).
-
 A sample the walker took with the count of other attempts the target had in flight also feeds a
 least-squares line of time against that load (exponentially weighted moments, ``FIT_ALPHA``): its
 slope is what one more call in flight costs this target, the load-fitted figure's correction
@@ -48,9 +42,6 @@ FIT_ALPHA = 0.1  # the load fit forgets as the default figure does (fastest.alph
 FIT_MIN_VARIANCE = 0.25  # in-flight counts varying less than this say nothing of a slope
 DEMOTE_AFTER = 2  # lost races in a row that restart a figure from their bounds
 DEMOTE_MARGIN = 1.05  # a demoted figure is at least this much over the figure of the target that won
-RECOVERY_FACTOR = 2.0  # a figure halved by the newest samples is a recovery, not jitter
-RECOVERED_AFTER = 2  # answers in a row under half the old figure that restart it from them
-RECOVERY_REFERENCE = 20  # the old figure, for that test: the median of this many samples before the run
 FIT_CLIP = 3.0  # a sample over this many times the fit's mean is a tail event (a stall), not load
 
 
@@ -132,18 +123,6 @@ class Series:
             self.add(value, now, stale_after)
         return True
 
-    def recover(self, now: float, stale_after: float) -> bool:
-        """Restart from the newest ``RECOVERED_AFTER`` samples when they confirm a recovery (all under
-        ``1/RECOVERY_FACTOR`` of the median of the samples before them); True when they did."""
-        newest = list(islice(reversed(self.samples), RECOVERED_AFTER))
-        before = list(islice(reversed(self.samples), RECOVERED_AFTER, RECOVERED_AFTER + RECOVERY_REFERENCE))
-        if len(before) < RECOVERED_AFTER or max(newest) * RECOVERY_FACTOR >= median(before):
-            return False
-        self.restart()
-        for value in reversed(newest):
-            self.add(value, now, stale_after)
-        return True
-
     def smoothed(self, alpha: float) -> float:
         value = self.ewma.get(alpha)
         if value is None:
@@ -155,14 +134,10 @@ class Series:
         return value
 
     def p50(self, window: int) -> float:
-        return median(list(islice(reversed(self.samples), window)))  # deque indexing is O(n) per item
-
-
-def median(values: list[float]) -> float:
-    """The middle of ``values`` (not empty), the mean of the two middle ones for an even count."""
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        n = min(window, len(self.samples))
+        recent = sorted(islice(reversed(self.samples), n))  # deque indexing is O(n) per item
+        mid = n // 2
+        return recent[mid] if n % 2 else (recent[mid - 1] + recent[mid]) / 2
 
 
 class Tracker:
@@ -183,7 +158,6 @@ class Tracker:
         if series.held and seconds < min(series.held):
             series.held.clear()  # faster than every lost race said: those were stalls
         series.add(seconds, now, self.stale_after)
-        series.recover(now, self.stale_after)
         if load is not None:
             series.fit(load, seconds)
 

@@ -36,27 +36,6 @@ def test_figure(samples: tuple[float, ...], policy: Fastest, figure: float | Non
     assert got == (None if figure is None else pytest.approx(figure))
 
 
-SLOW = (0.8,) * 20  # a target's old era: 800 ms
-
-
-@pytest.mark.parametrize(
-    ("samples", "kept", "figure"),
-    [
-        pytest.param((*SLOW, 0.01, 0.01), 2, 0.01, id="two-under-half-of-the-median-restart-from-them"),
-        pytest.param((*SLOW, 0.01, 0.01, 0.06), 3, 0.015, id="a-slow-one-after-is-averaged-with-them"),
-        pytest.param((*SLOW, 0.01, 0.06), 2, 0.015, id="the-slower-of-the-two-under-half-also-counts"),
-        pytest.param((*SLOW, 0.01), 21, 0.721, id="one-fast-answer-restarts-nothing"),
-        pytest.param((*SLOW, 0.4, 0.4), 22, 0.724, id="exactly-half-is-not-a-recovery"),
-        pytest.param((*SLOW, 0.01, 0.8, 0.01), 23, 0.65701, id="not-in-a-row-restarts-nothing"),
-        pytest.param((*(0.1,) * 10, 2.0, 0.06, 0.06), 13, 0.2463, id="a-stall-lifts-the-ewma-not-the-median"),
-    ],
-)
-def test_a_confirmed_recovery_restarts_the_series(samples: tuple[float, ...], kept: int, figure: float) -> None:
-    tr = tracker(*samples)
-    assert tr.samples(KEY) == kept
-    assert tr.figure(KEY, Fastest(), 100.0) == pytest.approx(figure, abs=1e-4)
-
-
 def test_each_alpha_gets_its_own_figure_from_the_same_samples() -> None:
     tr = tracker(1.0, 0.0)
     assert tr.figure(KEY, Fastest(alpha=0.5), 100) == pytest.approx(0.5)
