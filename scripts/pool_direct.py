@@ -1,16 +1,20 @@
 """scripts/simulate-pool --direct: firstbyte against a client that calls the fastest target itself (issue 28).
 
-The oracle of the other modes is a separate run (or the configured delay); here every client runs in
-the *same* run, side by side: three ``firstbyte simulate`` upstreams follow a scenario's schedule, one
-fresh firstbyte per strategy serves the pool from a cold start, and at the same moment each strategy's
-``concurrency`` workers and the *direct* client's call it with streamed requests, closed loop. The direct
-client sends each request straight to the upstream that is fastest by the schedule when it is sent
-(same loopback, same upstream processes, no proxy). So the machine's noise (two shared cores) falls on
-every client alike, and ``x direct`` (a strategy's mean time to first token over the direct client's)
+The oracle of the other modes is a separate run (or the configured delay); here each strategy runs in
+the *same* run as a direct client, side by side: three ``firstbyte simulate`` upstreams follow a
+scenario's schedule, a fresh firstbyte serves the pool from a cold start, and at the same moment its
+``concurrency`` workers and the *direct* client's call it with streamed requests, closed loop. The
+direct client sends each request straight to the upstream that is fastest by the schedule when it is
+sent (same loopback, same upstream processes, no proxy). So the machine's noise (two shared cores)
+falls on both alike, and ``x direct`` (a strategy's mean time to first token over the direct client's)
 is what firstbyte costs a caller who could not know which target is fastest, the proxy's own hop
-included. ``x sched`` is the mean over the configured delay of the best target (the other modes'
-oracle). Duplicates: upstream calls beside the first, by each answer's ``race=``. Follow: each repeat's
-requests after the shift until 16 of 20 in a row went to the new best.
+included. The strategies of a repeat take turns (each firstbyte idle, so cold, until its own; the
+upstreams' schedules restarted for each; the order rotated between repeats): with every client at
+once (``--together``, as before 2026-12-06) three gateways and sixteen workers shared the two cores,
+which a gateway in service does not, and that doubled the pinned firstbyte's gap to the direct
+client (docs/simulate-pool-race.md). ``x sched`` is the mean over the configured delay of the best
+target (the other modes' oracle). Duplicates: upstream calls beside the first, by each answer's
+``race=``. Follow: each repeat's requests after the shift until 16 of 20 in a row went to the new best.
 
 Strategies (each a route over A, B, C; ``fastest`` and ``hedge`` as the shipped routes.yaml's ``chat``
 route sets them): ``shipped`` (with its ``hedge``), ``unset`` (the same route saying nothing about
@@ -20,6 +24,7 @@ races to measure, never hedges by time), ``oracle`` (firstbyte pinned to the sch
 Each repeat starts every process afresh (a cold start); the table pools repeats and gives their range.
 
     scripts/simulate-pool --direct [--scenarios ...] [--strategies ...] [--repeats 3] [--port-base P] [--tag T]
+                                   [--together]
 """
 
 from __future__ import annotations
@@ -130,7 +135,10 @@ async def side_by_side(strategies: list[str], urls: dict[str, dict[str, str]], c
 
 def run_once(args: argparse.Namespace, tmp: Path, name: str, strategies: list[str],
              configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Fresh upstreams and a fresh firstbyte per strategy; every client at once; each one's calls."""
+    """Fresh upstreams and a fresh firstbyte per strategy, then the load: by default each strategy in
+    turn beside a direct client of its own (its firstbyte cold until its turn, the upstreams' schedules
+    restarted for it), with ``--together`` every client at once. Each client's calls, and each
+    strategy's direct calls and shift (seconds since its load began)."""
     scenario = SCENARIOS[name]
     run = scenario.get("run", {})
     seconds, concurrency = args.seconds or run.get("seconds", 3.0), args.concurrency or run.get("concurrency", 4)
@@ -142,36 +150,51 @@ def run_once(args: argparse.Namespace, tmp: Path, name: str, strategies: list[st
     fb_ports = dict(zip(proxied, ports[len(NAMES):], strict=True))
     procs = bench.Procs(tmp)
     try:
-        commands: dict[str, tuple[list[str], int]] = {}
-        for i, n in enumerate(NAMES):
-            schedule = tmp / f"{name}-{n}.json"
-            schedule.write_text(json.dumps([{**s, "at": s["at"] * span} for s in scenario[n].get("steps", [])]))
-            commands[f"sim-{n}"] = (sim_command(scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
-        providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sim_ports.items()}
-        for s, port in fb_ports.items():
-            path = tmp / f"pool-{s}.json"
-            path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"},
-                                        "providers": providers, "routes": {"pool": configs[s]}}))
-            serve = [str(bench.BIN / "firstbyte"), "serve", "--config", str(path)]
-            if args.proxy_dir:  # a variant of proxy/ (-P: this checkout's is not put before it)
-                serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", *serve[1:]]
-            commands[f"firstbyte-{s}"] = (serve, port)
-        start_all(procs, commands)
-        asyncio.run(restart(sim_ports))  # the schedules start now, not when each process came up
-        starts = asyncio.run(sim_offsets(sim_ports))
-        until = min(starts.values()) + span
+        start_all(procs, commands(args, tmp, name, span, sim_ports, fb_ports, configs))
         urls = {s: {"firstbyte": f"http://127.0.0.1:{p}/v1/chat/completions"} for s, p in fb_ports.items()}
         urls[DIRECT] = {n: f"http://127.0.0.1:{p}/v1/chat/completions" for n, p in sim_ports.items()}
-        calls = asyncio.run(side_by_side(strategies, urls, concurrency, until, starts, scenario, span))
-        t0 = min(c["t"] for cs in calls.values() for c in cs)
-        shifts = [step["at"] * span + starts[n] - t0 for n in NAMES for step in scenario[n].get("steps", [])]
-        for cs in calls.values():
-            for c in cs:
-                c["t"] -= t0
-        return {"calls": calls, "shift_t": min(shifts) if shifts else None, "seconds": seconds,
-                "concurrency": concurrency}
+        turns = [proxied] if getattr(args, "together", False) else [[s] for s in proxied]
+        out: dict[str, Any] = {"calls": {}, "direct": {}, "shifts": {}, "seconds": seconds,
+                               "concurrency": concurrency}
+        for turn in turns:
+            asyncio.run(restart(sim_ports))  # the schedules start now, not when each process came up
+            starts = asyncio.run(sim_offsets(sim_ports))
+            calls = asyncio.run(side_by_side([DIRECT, *turn], urls, concurrency, min(starts.values()) + span,
+                                             starts, scenario, span))
+            t0 = min(c["t"] for cs in calls.values() for c in cs)
+            shifts = [step["at"] * span + starts[n] - t0 for n in NAMES for step in scenario[n].get("steps", [])]
+            for cs in calls.values():
+                for c in cs:
+                    c["t"] -= t0
+            for s in turn:
+                out["calls"][s], out["direct"][s] = calls[s], calls[DIRECT]
+                out["shifts"][s] = min(shifts) if shifts else None
+        out["calls"][DIRECT] = [c for s in proxied for c in out["direct"][s]]
+        out["shift_t"] = next(iter(out["shifts"].values()), None)
+        return out
     finally:
         procs.stop_all()
+
+
+def commands(args: argparse.Namespace, tmp: Path, name: str, span: float, sim_ports: dict[str, int],
+             fb_ports: dict[str, int], configs: dict[str, dict[str, Any]]) -> dict[str, tuple[list[str], int]]:
+    """The upstreams' and each strategy's firstbyte's command lines, with their ports."""
+    scenario = SCENARIOS[name]
+    out: dict[str, tuple[list[str], int]] = {}
+    for i, n in enumerate(NAMES):
+        schedule = tmp / f"{name}-{n}.json"
+        schedule.write_text(json.dumps([{**s, "at": s["at"] * span} for s in scenario[n].get("steps", [])]))
+        out[f"sim-{n}"] = (sim_command(scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
+    providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sim_ports.items()}
+    for s, port in fb_ports.items():
+        path = tmp / f"pool-{s}.json"
+        path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"},
+                                    "providers": providers, "routes": {"pool": configs[s]}}))
+        serve = [str(bench.BIN / "firstbyte"), "serve", "--config", str(path)]
+        if args.proxy_dir:  # a variant of proxy/ (-P: this checkout's is not put before it)
+            serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", *serve[1:]]
+        out[f"firstbyte-{s}"] = (serve, port)
+    return out
 
 
 def figures(calls: list[dict[str, Any]], direct: list[dict[str, Any]], shift_t: float | None) -> dict[str, Any]:
@@ -193,17 +216,30 @@ def figures(calls: list[dict[str, Any]], direct: list[dict[str, Any]], shift_t: 
 
 
 def pool(reps: list[dict[str, Any]], strategies: list[str]) -> dict[str, Any]:
-    """Each repeat's figures, and the repeats' calls pooled (after the shift: each against its own)."""
-    def calls(s: str, after: bool) -> list[dict[str, Any]]:
-        return [c for r in reps for c in r["calls"][s]
-                if not after or (r["shift_t"] is not None and c["t"] >= r["shift_t"])]
+    """Each repeat's figures, and the repeats' calls pooled; each strategy against the direct client
+    that ran beside it, and after the shift each repeat from its own."""
+    def mine(r: dict[str, Any], s: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float | None]:
+        direct = r["calls"][DIRECT] if s == DIRECT else r.get("direct", {}).get(s, r["calls"][DIRECT])
+        return r["calls"][s], direct, r.get("shifts", {}).get(s, r["shift_t"])
 
-    pooled = {s: figures(calls(s, False), calls(DIRECT, False), None) for s in strategies}
+    def calls(s: str, after: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        own: list[dict[str, Any]] = []
+        direct: list[dict[str, Any]] = []
+        for r in reps:
+            cs, ds, shift = mine(r, s)
+            if after and shift is None:
+                continue
+            own += [c for c in cs if not after or c["t"] >= shift]
+            direct += [c for c in ds if not after or c["t"] >= shift]
+        return own, direct
+
+    pooled = {s: figures(*calls(s, False), None) for s in strategies}
     for s in strategies:
-        if calls(s, True) and calls(DIRECT, True):
-            pooled[s]["x_direct_after"] = figures(calls(s, True), calls(DIRECT, True), None)["x_direct"]
-    return {"repeats": [{s: figures(r["calls"][s], r["calls"][DIRECT], r["shift_t"]) for s in strategies}
-                        for r in reps], "pooled": pooled, "shifted": any(r["shift_t"] is not None for r in reps)}
+        after = calls(s, True)
+        if after[0] and after[1]:
+            pooled[s]["x_direct_after"] = figures(*after, None)["x_direct"]
+    return {"repeats": [{s: figures(*mine(r, s)) for s in strategies} for r in reps], "pooled": pooled,
+            "shifted": any(r["shift_t"] is not None for r in reps)}
 
 
 def spread(values: list[float], spec: str = ".2f") -> str:
@@ -228,10 +264,10 @@ def table(results: dict[str, Any], strategies: list[str]) -> list[str]:
             after_s = f"{p['x_direct_after']:.2f} {spread(after)}" if "x_direct_after" in p else "-"
             ratio = f"{p['x_direct']:.2f} {spread([r['x_direct'] for r in reps])}"
             dup = f"{p['dup_share'] * 100:.1f} {spread([r['dup_share'] * 100 for r in reps], '.1f')}"
-            oracle = res["pooled"].get("oracle")  # the pinned firstbyte of the same run(s): the proxy's hop alone
-            x_oracle = "-" if oracle is None else (
-                f"{p['mean_ms'] / oracle['mean_ms']:.2f} "
-                f"{spread([r[s]['mean_ms'] / r['oracle']['mean_ms'] for r in res['repeats']])}")
+            oracle = res["pooled"].get("oracle")  # the pinned firstbyte: the proxy's hop alone
+            x_oracle = "-" if oracle is None else (  # over x direct: each against the direct client beside it
+                f"{p['x_direct'] / oracle['x_direct']:.2f} "
+                f"{spread([r[s]['x_direct'] / r['oracle']['x_direct'] for r in res['repeats']])}")
             follows = " ".join("-" if r.get("follow") is None else str(r["follow"]) for r in reps)
             rows.append(f"| {name} | {s} | {p['requests']} | {ratio} | {after_s} | {x_oracle} | {p['x_sched']:.2f} "
                         f"| {dup} | {p['on_best'] * 100:.0f} | {follows if res['shifted'] else '-'} | {verdict} |")
@@ -248,6 +284,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=None, help="workers per client (default: the scenario's, 4)")
     p.add_argument("--port-base", type=int, default=None, help="consecutive loopback ports from here (default: free)")
     p.add_argument("--proxy-dir", default=None, help="a directory holding a variant of proxy/ to serve every firstbyte")
+    p.add_argument("--together", action="store_true",
+                   help="every client at once (as before 2026-12-06), not each strategy in turn beside its own")
     p.add_argument("--tag", default="direct")
     return p.parse_args(argv)
 
@@ -263,20 +301,23 @@ def main(argv: list[str]) -> int:
     for name in args.scenarios:
         reps = []
         for rep in range(args.repeats):
-            print(f"{name} ({rep + 1}/{args.repeats}): {', '.join(strategies)} side by side…", file=sys.stderr,
-                  flush=True)
+            turn = rep % len(args.strategies)  # the order the strategies take turns in, rotated
+            order = [DIRECT, *args.strategies[turn:], *args.strategies[:turn]]
+            print(f"{name} ({rep + 1}/{args.repeats}): {', '.join(order[1:])}, each beside a direct client"
+                  f"{' (together)' if args.together else ''}…", file=sys.stderr, flush=True)
             try:
-                reps.append(run_once(args, tmp, name, strategies, configs))
+                reps.append(run_once(args, tmp, name, order, configs))
             except RuntimeError as exc:  # a port taken between the pick and the bind: once more, fresh ports
                 print(f"  retrying: {exc}", file=sys.stderr, flush=True)
-                reps.append(run_once(args, tmp, name, strategies, configs))
+                reps.append(run_once(args, tmp, name, order, configs))
         results[name] = pool(reps, strategies)
-    print(f"\nsimulate-pool --direct: {len(args.scenarios)} scenarios x {args.repeats} repeats, every client side by "
-          f"side in each run (cold start each repeat), concurrency per client as the scenario's; routes.yaml's "
-          f"chat route: fastest {shipped['fastest']}, hedge {shipped['hedge']}")
-    print("x direct: mean time to first token / the direct client's in the same run(s), pooled [range of the "
-          "repeats]; x oracle: / the pinned firstbyte's (oracle) of the same run(s), the routing alone; x sched: / "
-          "the configured delay of the best target\n")
+    apart = "every client at once" if args.together else "each strategy in turn beside a direct client of its own"
+    print(f"\nsimulate-pool --direct: {len(args.scenarios)} scenarios x {args.repeats} repeats, {apart} (cold start "
+          f"each repeat), concurrency per client as the scenario's; routes.yaml's chat route: fastest "
+          f"{shipped['fastest']}, hedge {shipped['hedge']}")
+    print("x direct: mean time to first token / the direct client's beside it, pooled [range of the repeats]; "
+          "x oracle: x direct / the pinned firstbyte's (oracle) x direct, the routing alone; x sched: / the "
+          "configured delay of the best target\n")
     print("\n".join(table(results, strategies)))
     path = OUT / f"simulate-pool-{args.tag}.json"
     OUT.mkdir(exist_ok=True)
