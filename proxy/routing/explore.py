@@ -109,39 +109,38 @@ def stale(route: Route, targets: Sequence[Target], state: ExploreView, now: floa
     leading = min((f for f in figures.values() if f is not None), default=None)
     newest_policy = _newest_policy(route.fastest)
     oldest: tuple[float, str] | None = None
-    idle: list[Target] = []
+    behind: list[Target] = []
     for t in targets:
-        if state.in_flight(t.key, mode):  # one request re-measures it, not every one
-            continue
         age = state.age(t.key, now, mode)
         if age is None:
             continue
-        newest = state.figure(t.key, newest_policy, now, mode)
         fig = figures.get(t.name)
+        if fig is not None and fig > (leading or 0.0):
+            behind.append(t)  # in flight or not: a look counts from its start (docs/adr/0023, amendment)
+        if state.in_flight(t.key, mode):  # one request re-measures it, not every one
+            continue
+        newest = state.figure(t.key, newest_policy, now, mode)
         if leading is not None and fig is not None and fig > leading and newest is not None and newest < leading:
             return t.name
-        if fig is not None and fig > (leading or 0.0):
-            idle.append(t)
         age += newest or 0.0
         if age > hedge.refresh_secs and (oldest is None or age > oldest[0]):
             oldest = (age, t.name)
     budget = state.hedge_budget(route.name)
-    if leading is not None and budget is not None and idle and budget.affords(hedge.max_extra, LOOK_KEEP):
-        look = worthiest(_prospects(idle, state, budget, mode), leading)
+    if leading is not None and budget is not None and behind and budget.affords(hedge.max_extra, LOOK_KEEP):
+        look = worthiest(_prospects(behind, state, budget, mode), leading)
         if look is not None:
             return look
     return None if oldest is None else oldest[1]
 
 
 def due(route: Route, order: Sequence[Target], state: ExploreView, mode: str, figures: Figures) -> frozenset[str]:
-    """The targets behind the leader whose look is due (and that nobody measures yet): a timed
-    hedge that starts one runs it to its own first token, since the hedge has paid for the call."""
+    """The targets behind the leader whose look is due: a timed hedge that starts one runs it to its
+    own first token, since the hedge has paid for the call."""
     budget = state.hedge_budget(route.name)
     leading = min((f for f in figures.values() if f is not None), default=None)
     if budget is None or leading is None or len(order) < 2:
         return frozenset()
-    behind = [t for t in order if (f := figures.get(t.name)) is not None and f > leading
-              and not state.in_flight(t.key, mode)]
+    behind = [t for t in order if (f := figures.get(t.name)) is not None and f > leading]
     return frozenset(p.name for p in _prospects(behind, state, budget, mode) if worth(p, leading) >= LOOK_AFTER)
 
 

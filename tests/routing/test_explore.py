@@ -74,16 +74,21 @@ def pool(c: tuple[float, ...] = (0.8,) * 6) -> tuple[Setup, ...]:
 
 def traffic(requests: int, tokens: float, looked: dict[str, int] | None = None) -> Setup:
     """The route has served ``requests`` requests, holds ``tokens``, and last ran each target at
-    the request ``looked`` says (a leads every request)."""
+    the request ``looked`` says (a leads every request); what the cold start advanced is repaid."""
 
     def setup(s: State) -> None:
         budget = s.budget("chat", 0.1)
-        budget.requests, budget.tokens = requests, tokens
+        budget.requests, budget.tokens, budget.owed = requests, tokens, 0.0
         for name, at in {"a": requests, **(looked or {})}.items():
             budget.look(((name, "m"), STREAMED))
             budget.looked[((name, "m"), STREAMED)] = at
 
     return setup
+
+
+def flying(name: str) -> Setup:
+    """``name`` has a call in flight (a look at it runs)."""
+    return lambda s: setattr(s.target((name, "m")), "in_flight", 1)
 
 
 H = "id=t1; route=chat; strategy=fastest; order="
@@ -118,9 +123,15 @@ H = "id=t1; route=chat; strategy=fastest; order="
         pytest.param((*pool((0.8,) * 6 + (0.01, 0.5, 0.012)), traffic(30, 1.9, {"b": 30, "c": 29})),
                      "c(explore 0.10s), a(0.04s), b(0.08s)", PAID, 0.0, set(),
                      id="a-slow-sample-between-breaks-the-row-the-newest-is-confirmed-again"),
-        pytest.param((*pool(), traffic(30, 1.9, {"b": 30, "c": 0}), lambda s: setattr(s.target(("c", "m")),
-                                                                                     "in_flight", 1)),
-                     "a(fastest 0.04s), b(0.08s), c(0.80s)", "", 0.0, set(), id="one-in-flight-is-looked-at-already"),
+        pytest.param((*pool(), traffic(30, 1.9, {"b": 30, "c": 0}), flying("c")),
+                     "c(explore 0.80s), a(0.04s), b(0.08s)", PAID, RESERVE, set(),
+                     id="in-flight-since-long-ago-a-look-is-due-again-it-started-before-what-it-missed"),
+        pytest.param((*pool(), traffic(30, 1.9, {"b": 30, "c": 25}), flying("c")),
+                     "a(fastest 0.04s), b(0.08s), c(0.80s)", "", 0.0, set(),
+                     id="in-flight-since-lately-it-is-not-due"),
+        pytest.param((*pool((0.8,) * 6 + (0.01,)), traffic(30, 1.05, {"b": 30, "c": 29}), flying("c")),
+                     "a(fastest 0.04s), b(0.08s), c(0.17s)", "", 0.0, set(),
+                     id="a-recovery-being-confirmed-is-not-confirmed-twice"),
         pytest.param((*pool(), traffic(30, 1.9, {"b": 15, "c": 15})),
                      "b(explore 0.08s), a(0.04s), c(0.80s)", PAID, RESERVE, set(),
                      id="far-or-near-behind-a-tie-goes-to-the-first-written"),

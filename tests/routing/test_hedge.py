@@ -244,9 +244,11 @@ def test_hedge_after_names_the_percentiles_it_takes(after: str) -> None:
 
 
 def tokens(n: float, share: float = 0.1) -> Any:
-    """The route's hedge budget holds ``n`` tokens before this request's deposit of ``share``."""
+    """The route's hedge budget holds ``n`` tokens before this request's deposit of ``share`` (a warm
+    route: its start token and free measures repaid)."""
     def setup(s: State) -> None:
-        s.budget("chat", share).tokens = n
+        budget = s.budget("chat", share)
+        budget.tokens, budget.owed = n, 0.0
 
     return setup
 

@@ -166,9 +166,9 @@ async def test_an_explored_loser_is_measured_from_its_own_first_token(upstreams,
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
                               fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1, "cap": 100},
                               observers=[recorder])
-    for _ in range(2):  # cold start: a and b race each other, both get measured
+    for _ in range(3):  # cold start: a and b race each other, both get measured; the third repays the advances
         await p.post("/v1/chat/completions", {**CHAT, "stream": True})
-    await settle(a, b, want=3)
+    await settle(a, b, want=4)
     fastest = p.gateway.config.routes["chat"].fastest
     key = ("b", "m")
     state = p.gateway.state
@@ -631,7 +631,8 @@ async def test_a_failing_pin_fails_over_unraced_and_still_earns_the_budget(upstr
     assert status == 200 and d.served == "b" and b"from-b" in body and d.race == ()
     await until(lambda: bool(finished))
     assert finished[0].decision.failovers == 1
-    assert p.gateway.state.budget("chat", 0.5).tokens == 1.5  # the start's token and this request's share
+    budget = p.gateway.state.budget("chat", 0.5)
+    assert (budget.tokens, budget.owed) == (1.0, 0.5)  # the start's token; this request's share repays half of it
 
 
 async def test_a_hedge_that_rejects_the_request_does_not_beat_a_leader_that_answers(upstreams, proxy):
@@ -756,9 +757,9 @@ async def _explore_once(upstreams, proxy, b_first: float, observer: Any):
     ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
                               fastest={"explore": 0}, hedge={"after": 5, "max_extra": 1, "cap": 100},
                               observers=[observer])
-    for _ in range(2):
+    for _ in range(3):  # a cold start (a and b race), then one request more repays its advances (the budget)
         await p.post("/v1/chat/completions", {**CHAT, "stream": True})
-    await settle(a, b, want=3)
+    await settle(a, b, want=4)
     state = p.gateway.state
     await until(lambda: state.tracker.samples(("b", "m")) >= 1 and not state.in_flight(("b", "m")))
     route = p.gateway.config.routes["chat"]
@@ -916,3 +917,29 @@ async def test_a_target_twenty_times_slower_that_recovers_leads_within_about_ten
     assert len(leads) >= (len(after) - leads[0]) / 2, [(d.order, d.race) for d in after]
     run = warm + after  # within the budget: its start token, a tenth of each request, one free measure each
     assert sum(duplicate_calls(d.race) for d in run) <= 1 + 0.1 * len(run) + len(handlers)
+
+
+async def test_a_recovery_is_looked_at_while_an_older_look_at_it_is_still_in_flight(upstreams, proxy):
+    """a leads at 20 ms; c takes 1.5 s, and a look at it runs that long (cap 100: not cut). c recovers
+    (to 2 ms) just after a look at it began: that look tells the old time, so only a new one finds
+    the recovery. A look counts from its start (docs/adr/0023, amendment), so the next is due ten or
+    so requests on, not when the old one ends some 75 requests later: c leads within 25. Before, a
+    target in flight was never looked at again, and c did not lead in the 33 requests after."""
+    recovered = {"yes": False}
+    a = Timed(first=0.02, text="from-a")
+    c = Shifting(lambda n: 0.002 if recovered["yes"] else 1.5, "from-c")
+    _, p = await race_proxy(upstreams, proxy, {"a": a, "c": c}, strategy="fastest", fastest={"explore": 0},
+                            hedge={"after": 5, "max_extra": 0.1, "explore": True, "refresh": 30, "cap": 100})
+    state, key = p.gateway.state, ("c", "m")
+    await _leads(p, 3)
+    await until(lambda: state.tracker.samples(key) >= 1)  # c's cold measure is in
+    for _ in range(60):  # until a look at c begins
+        if state.in_flight(key):
+            break
+        await _leads(p, 1)
+    assert state.in_flight(key), "no look at c began in 60 requests"
+    recovered["yes"] = True
+    after = await _leads(p, 33)
+    leads = [i for i, d in enumerate(after) if d.order[0] == ("c", "fastest 0.00s")
+             or (d.order_names[0] == "c" and d.order[0][1].startswith("fastest"))]
+    assert leads and leads[0] < 25, [(d.order, d.race) for d in after]
