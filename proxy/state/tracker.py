@@ -19,6 +19,12 @@ each lifted over ``behind`` (the figure of the target that won) by ``DEMOTE_MARG
 ranks behind the target it lost to whatever that target's figure says on paper. An answer faster
 than the smallest held bound clears them; a slower one confirms them and leaves them held.
 
+Samples stand in the order their calls *began*: a slow call that began before two fast ones and
+ends after them (a look at a target taken just before it recovered) goes behind them, so it is not
+read as the newest (the recovery rule and the fast EWMA read the newest, ``routing/ordering.py``).
+A look tells of the moment it began (docs/adr/0023, amendment). Only the newest ``REORDER``
+samples are kept in order; a call that began before all of them goes behind them.
+
 A sample the walker took with the count of other attempts the target had in flight also feeds a
 least-squares line of time against that load (exponentially weighted moments, ``FIT_ALPHA``): its
 slope is what one more call in flight costs this target, the load-fitted figure's correction
@@ -28,6 +34,7 @@ slope is what one more call in flight costs this target, the load-fitted figure'
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -43,6 +50,7 @@ FIT_MIN_VARIANCE = 0.25  # in-flight counts varying less than this say nothing o
 DEMOTE_AFTER = 2  # lost races in a row that restart a figure from their bounds
 DEMOTE_MARGIN = 1.05  # a demoted figure is at least this much over the figure of the target that won
 FIT_CLIP = 3.0  # a sample over this many times the fit's mean is a tail event (a stall), not load
+REORDER = 8  # the newest samples kept in the order their calls began (at least the calls in flight at once)
 
 
 @dataclass(slots=True)
@@ -56,6 +64,8 @@ class Series:
     moments: list[float] | None = None  # the load fit: weighted means of n, x, n*n, n*x (n in flight, x a sample)
     load_slope: float = 0.0  # the last slope the fit could see
     held: list[float] = field(default_factory=list)  # censored bounds since the last faster answer
+    starts: deque[float] = field(default_factory=lambda: deque(maxlen=REORDER + 1))  # the newest samples' starts
+    settled: dict[float, float | None] = field(default_factory=dict)  # each EWMA over all samples but those
 
     def fit(self, load: int, seconds: float) -> None:
         m = self.moments
@@ -82,14 +92,41 @@ class Series:
             self.load_slope = max(0.0, (m[3] - m[0] * m[1]) / variance)
         return self.load_slope, m[0]
 
-    def add(self, seconds: float, now: float, stale_after: float) -> None:
+    def add(self, seconds: float, now: float, stale_after: float, timed: bool = True) -> None:
+        """One sample, behind the newest whose calls began after its own; ``timed=False``: a bound
+        (lifted over a winner, so no call's time), put last and dated now."""
         if self.newest_at is not None and now - self.newest_at > stale_after:
             self.restart()  # an expired figure restarts: old samples describe another moment
-        self.samples.append(seconds)
+        start, starts = (now - seconds if timed else now), self.starts
+        later = 0  # the newest samples whose calls began after this one's
+        while timed and later < len(starts) and starts[-1 - later] > start:
+            later += 1
+        samples = self.samples
+        if len(samples) == samples.maxlen:
+            samples.popleft()
+        samples.insert(len(samples) - later, seconds)
+        starts.insert(len(starts) - later, start)
         self.count += 1
         self.dated(now)
+        if len(starts) > REORDER:  # the oldest kept in order settles into each EWMA's settled part
+            starts.popleft()
+            oldest = samples[-REORDER - 1]
+            for alpha, value in self.settled.items():
+                self.settled[alpha] = oldest if value is None else alpha * oldest + (1 - alpha) * value
         for alpha, value in self.ewma.items():
-            self.ewma[alpha] = alpha * seconds + (1 - alpha) * value
+            self.ewma[alpha] = alpha * seconds + (1 - alpha) * value if not later else self._replay(alpha)
+
+    def _replay(self, alpha: float) -> float:
+        """The EWMA of weight ``alpha``: its settled part, then the newest samples in their order."""
+        tail = len(self.starts)
+        if alpha not in self.settled:
+            older = list(islice(self.samples, len(self.samples) - tail))
+            self.settled[alpha] = _ewma(older, alpha) if older else None
+        value = self.settled[alpha]
+        for s in islice(self.samples, len(self.samples) - tail, None):
+            value = s if value is None else alpha * s + (1 - alpha) * value
+        assert value is not None
+        return value
 
     def restart(self) -> None:
         self.samples.clear()
@@ -98,6 +135,8 @@ class Series:
         self.load_slope = 0.0
         self.held.clear()
         self.newest_at = None
+        self.starts.clear()
+        self.settled.clear()
 
     def dated(self, now: float) -> None:
         if self.newest_at is None or now > self.newest_at:  # a peer's sample may arrive after a newer one
@@ -108,7 +147,7 @@ class Series:
         if self.newest_at is not None and now - self.newest_at > stale_after:
             self.restart()
         if not self.samples:  # unmeasured: the bound is the only figure there is
-            self.add(bound, now, stale_after)
+            self.add(bound, now, stale_after, timed=False)
             self.held.append(bound)
             return False
         self.held.append(bound)
@@ -120,17 +159,13 @@ class Series:
         self.restart()
         self.held = held
         for value in held:
-            self.add(value, now, stale_after)
+            self.add(value, now, stale_after, timed=False)
         return True
 
     def smoothed(self, alpha: float) -> float:
         value = self.ewma.get(alpha)
         if value is None:
-            samples = iter(self.samples)
-            value = next(samples)
-            for s in samples:
-                value = alpha * s + (1 - alpha) * value
-            self.ewma[alpha] = value
+            value = self.ewma[alpha] = _ewma(self.samples, alpha)
         return value
 
     def p50(self, window: int) -> float:
@@ -138,6 +173,14 @@ class Series:
         recent = sorted(islice(reversed(self.samples), n))  # deque indexing is O(n) per item
         mid = n // 2
         return recent[mid] if n % 2 else (recent[mid - 1] + recent[mid]) / 2
+
+
+def _ewma(samples: Iterable[float], alpha: float) -> float:
+    values = iter(samples)
+    value = next(values)
+    for s in values:
+        value = alpha * s + (1 - alpha) * value
+    return value
 
 
 class Tracker:

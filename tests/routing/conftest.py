@@ -32,10 +32,13 @@ def unraced(targets: list[dict[str, Any]], **route: Any) -> Config:
 
 
 def fig(name: str, *secs: float, ago: float = 0.0) -> Setup:
-    """Samples of time to first chunk for target ``name``, the newest ``ago`` seconds before NOW."""
+    """Samples of time to first chunk for target ``name``, the newest ``ago`` seconds before NOW: calls
+    one after another, each begun as the one before ended (samples stand in the order calls began)."""
 
     def setup(s: State) -> None:
-        for x in secs:
-            s.tracker.record((name, "m"), x, NOW - ago)
+        at = NOW - ago - sum(secs[1:])
+        for i, x in enumerate(secs):
+            at += x if i else 0.0
+            s.tracker.record((name, "m"), x, at)
 
     return setup

@@ -187,11 +187,14 @@ def test_racing_order(cfg: Any, setups: tuple[Any, ...], order: str, together: i
 
 
 def loaded(name: str, *points: tuple[int, float]) -> Any:
-    """Samples taken with ``load`` other calls in flight at the target: its load line."""
+    """Samples taken with ``load`` other calls in flight at the target: its load line (the calls in
+    the order they began, the newest ending at NOW)."""
 
     def setup(s: State) -> None:
-        for load, secs in points:
-            s.tracker.record((name, "m"), secs, NOW, load=load)
+        at = NOW - sum(secs for _, secs in points[1:])
+        for i, (load, secs) in enumerate(points):
+            at += secs if i else 0.0  # each begun as the one before ended
+            s.tracker.record((name, "m"), secs, at, load=load)
 
     return setup
 

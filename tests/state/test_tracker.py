@@ -115,12 +115,55 @@ def test_a_load_that_stops_varying_keeps_the_last_slope_seen() -> None:
 
 def test_a_stall_enters_the_load_fit_at_three_times_its_mean() -> None:
     tr = Tracker(stale_after=300)
-    for load, secs in ((10, 0.02), (12, 0.02)) * 20:  # a flat 20 ms at any load
-        tr.record(KEY, secs, 100.0, load=load)
-    tr.record(KEY, 1.5, 100.0, load=12)  # a stall (the stall scenario's): a tail event, not load
+    for i, (load, secs) in enumerate(((10, 0.02), (12, 0.02)) * 20):  # a flat 20 ms at any load
+        tr.record(KEY, secs, 100.0 + i * 0.03, load=load)
+    tr.record(KEY, 1.5, 103.0, load=12)  # a stall (the stall scenario's), begun after the rest: a tail event
     slope, _ = tr.load_fit(KEY)  # type: ignore[misc]
     assert slope < 0.01  # unclipped, this one sample reads as 0.13 s per call in flight
-    assert tr.figure(KEY, Fastest(), 100.0) > 0.1  # the figure itself still sees the whole stall
+    assert tr.figure(KEY, Fastest(), 103.0) > 0.1  # the figure itself still sees the whole stall
+
+
+@pytest.mark.parametrize(
+    ("steps", "newest", "fast"),
+    [
+        pytest.param([(0.4, 10.0), (0.02, 10.45), (0.02, 10.5)], [0.4, 0.02, 0.02], 0.0352,
+                     id="in-order-the-newest-began-last"),
+        pytest.param([(0.02, 10.45), (0.02, 10.5), (0.4, 10.51)], [0.4, 0.02, 0.02], 0.0352,
+                     id="a-slow-call-begun-first-and-ended-last-goes-behind-the-fast-ones"),
+        pytest.param([(0.02, 10.45), (0.4, 10.51), (0.02, 10.5)], [0.4, 0.02, 0.02], 0.0352,
+                     id="behind-as-many-as-began-after-it"),
+        pytest.param([(0.02, 10.45), (0.4, 10.9)], [0.4, 0.02, 0.4], 0.3392,
+                     id="a-slow-call-begun-after-the-fast-one-is-the-newest"),
+    ],
+)
+def test_samples_stand_in_the_order_their_calls_began(steps: list[tuple[float, float]], newest: list[float],
+                                                     fast: float) -> None:
+    """(seconds, the time it ended): a look at a target that began before it recovered and ended after
+    two fast answers does not read as its newest (docs/adr/0023, amendment)."""
+    tr = Tracker(stale_after=300)
+    tr.record(KEY, 0.4, 9.0)
+    for secs, at in steps:
+        tr.record(KEY, secs, at)
+    assert tr.recent(KEY, "streamed")[-3:] == newest
+    policy = Fastest(alpha=0.8)
+    assert tr.figure(KEY, policy, 10.6) == pytest.approx(fast, abs=1e-4)
+
+
+def test_a_late_sample_replays_every_ewma_asked_for() -> None:
+    """Forty samples in order, then one that began before the newest three: each smoothing factor
+    reads as if the samples had come in the order their calls began."""
+    tr, steps = Tracker(stale_after=300), [(0.01 * (i % 7 + 1), 1.0 + i) for i in range(40)]
+    for secs, at in steps:
+        tr.record(KEY, secs, at)
+        tr.figure(KEY, Fastest(alpha=0.1), at)  # one factor asked for as they come, the other only at the end
+    tr.record(KEY, 3.5, 40.4)  # began at 36.9: after the 36th sample's call, before the 37th's
+    ordered = Tracker(stale_after=300)
+    for secs, at in [*steps[:37], (3.5, 40.4), *steps[37:]]:
+        ordered.record(KEY, secs, at)
+    for alpha in (0.1, 0.8):
+        assert tr.figure(KEY, Fastest(alpha=alpha), 41.0) == pytest.approx(
+            ordered.figure(KEY, Fastest(alpha=alpha), 41.0))
+    assert tr.recent(KEY, "streamed") == ordered.recent(KEY, "streamed")
 
 
 # -- censored samples: a lost race is a lower bound (docs/adr/0022) -----------------------------
