@@ -22,6 +22,7 @@ import orjson
 from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamError, StreamTooLarge
 from ..memory import trim
+from .chunk_types import chunk_problem
 
 __all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
            "JsonEventFeed", "Opening", "SseDecoder", "answer_lines", "data_frame", "data_of", "event_around",
@@ -351,6 +352,9 @@ class ChatChunkFeed(JsonEventFeed):
     ends_on_done = True
 
     def _on_event(self, name: str | None, event: Any) -> bytes:
+        problem = chunk_problem(event) if type(event) is dict else None
+        if problem is not None:  # translated, ``"content": 5`` would be an event of the wrong types too
+            raise self.stream_error(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
         return self._on_chunk(event)
 
     def _on_done(self) -> bytes:
