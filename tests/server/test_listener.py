@@ -245,6 +245,10 @@ async def test_a_request_aiohttps_parser_refuses_has_a_request_id_and_an_access_
                     observers=[recorder])
     status, headers, body = await exchange(p.port, post_head(len(CHAT), extra=extra), CHAT)
     assert_openai_error(status, body, 400, "http_400")
+    if b"br" in extra:  # what the client can do, not aiohttp's "Please install `Brotli`"
+        message = orjson.loads(body)["error"]["message"]
+        assert message == ("Malformed HTTP request: Content-Encoding brotli (br) is not supported: send the body "
+                           "as it is, or gzip or deflate it (Content-Encoding: gzip)"), message
     rid = headers.get("x-request-id")
     await until(lambda: bool(recorder.seen))
     assert rid and [(f.status, f.request_id, f.error) for f in recorder.seen] == [(400, rid, "http_400")]
