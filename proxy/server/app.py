@@ -250,6 +250,11 @@ def guarded(gw: Gateway, inner: Handler, *, dialect: Dialect | None = OPENAI, lo
 def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamResponse, t0: float) -> None:
     """Hand an answer that was not routed (401, 404, models, health, a parser's 400…) to the observers, with
     its id, size and error code, so the access log has a line for every answer."""
+    log_refused(gw, request.remote or "-", request.method, request.path, response, t0)
+
+
+def log_refused(gw: Gateway, remote: str, method: str, path: str, response: web.StreamResponse, t0: float) -> None:
+    """``log_answer`` for what the listener answered itself (a parser's 400, a head's 408, the cap's 503)."""
     body = getattr(response, "body", None)
     size = len(body) if isinstance(body, bytes) else (response.content_length or 0)
     error = None
@@ -257,8 +262,8 @@ def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamRespon
         error = _error_code(body)
     rid = response.headers.get("x-request-id")
     now = gw.clock()
-    gw.outbox.finished(Finished(None, time.time() - (now - t0), request.remote or "-", request.method, request.path,
-                         response.status, "", False, now - t0, now - t0, size, error, rid))
+    gw.outbox.finished(Finished(None, time.time() - (now - t0), remote, method, path,
+                                response.status, "", False, now - t0, now - t0, size, error, rid))
 
 
 def _error_code(body: bytes) -> str | None:
@@ -354,7 +359,8 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     """The main app. ``manage=False`` when the caller starts and closes the gateway itself."""
     app = web.Application(client_max_size=1 << 40)
     app[GATEWAY] = gw
-    app[ON_REFUSED] = lambda request, response: log_answer(gw, request, response, gw.clock())
+    app[ON_REFUSED] = lambda remote, method, path, response: log_refused(gw, remote, method, path, response,
+                                                                         gw.clock())
     add_probes(app, gw, hub)
     if hub is not None:
         add_status_routes(app, main=True)  # the status page, refused while client keys are set
