@@ -15,7 +15,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from ..config import Config, Route
@@ -38,7 +37,7 @@ from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshap
 from .keys import key_accepted, key_refused
 from .listener import ON_REFUSED
 from .ops import explain, health, healthz, metrics, model, models, ready
-from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, request_id
+from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, log_answer, log_refused, request_id
 from .request import check_model, estimate_tokens, parse_call, pin_of, read_body
 from .status import add_status_routes
 
@@ -245,38 +244,6 @@ def guarded(gw: Gateway, inner: Handler, *, dialect: Dialect | None = OPENAI, lo
 
     handle.__name__ = f"guarded_{getattr(inner, '__name__', 'handler')}"
     return handle
-
-
-def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamResponse, t0: float) -> None:
-    """Hand an answer that was not routed (401, 404, models, health, a parser's 400…) to the observers, with
-    its id, size and error code, so the access log has a line for every answer."""
-    log_refused(gw, request.remote or "-", request.method, request.path, response, t0)
-
-
-def log_refused(gw: Gateway, remote: str, method: str, path: str, response: web.StreamResponse, t0: float) -> None:
-    """``log_answer`` for what the listener answered itself (a parser's 400, a head's 408, the cap's 503)."""
-    body = getattr(response, "body", None)
-    size = len(body) if isinstance(body, bytes) else (response.content_length or 0)
-    error = None
-    if response.status >= 400 and isinstance(body, bytes):
-        error = _error_code(body)
-    rid = response.headers.get("x-request-id")
-    now = gw.clock()
-    gw.outbox.finished(Finished(None, time.time() - (now - t0), remote, method, path,
-                                response.status, "", False, now - t0, now - t0, size, error, rid))
-
-
-def _error_code(body: bytes) -> str | None:
-    """The ``code`` (else ``type``) of an OpenAI- or Anthropic-shape error body."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    error = data.get("error") if isinstance(data, dict) else None
-    if not isinstance(error, dict):
-        return None
-    code = error.get("code") or error.get("type")
-    return code if isinstance(code, str) else None
 
 
 def handler(gw: Gateway, op: str) -> Handler:
