@@ -9,10 +9,10 @@ translators (the stream ends with an error event), per docs/DESIGN.md's failure 
 ``SUSPECT`` finds, without parsing, a block that may hold such a chunk: one of those keys followed
 by a value of another kind (not a list, an object, a string or null as the key wants). Quotes inside
 a JSON string are escaped, so answer text cannot match it; a match is only a reason to parse the
-event and ask :func:`chunk_problem`, which decides. It costs about as much as the tap's whole work on a
-chunk, so a passthrough stream after its first token is searched with ``RELAYED_SUSPECT`` only, which
-has a literal start (a C-speed scan) and finds what client SDKs trip on first, ``choices`` that is not
-a list and ``content`` that is not a string: about a tenth of the tap's cost, 1 % of a relayed chunk's.
+event and ask :func:`chunk_problem`, which decides. It cost 3.2 µs a chunk against the passthrough tap's
+whole 7.0 (a loaded 2-core box, process time), so a passthrough stream after its first token is searched
+with ``RELAYED_SUSPECT`` only, which has a literal start (a C-speed scan) and finds what client SDKs
+trip on first, ``choices`` that is not a list and ``content`` that is not a string: 1.2 µs.
 """
 
 from __future__ import annotations
