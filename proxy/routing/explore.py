@@ -60,6 +60,8 @@ class ExploreView(Protocol):
 
     def held(self, key: TargetKey, mode: str = ...) -> int: ...
 
+    def began(self, key: TargetKey, mode: str = ...) -> float | None: ...
+
     def hedge_budget(self, route: str) -> HedgeBudget | None: ...
 
 
@@ -110,6 +112,7 @@ def stale(route: Route, targets: Sequence[Target], state: ExploreView, now: floa
     newest_policy = _newest_policy(route.fastest)
     oldest: tuple[float, str] | None = None
     behind: list[Target] = []
+    budget = state.hedge_budget(route.name)
     for t in targets:
         age = state.age(t.key, now, mode)
         if age is None:
@@ -117,15 +120,16 @@ def stale(route: Route, targets: Sequence[Target], state: ExploreView, now: floa
         fig = figures.get(t.name)
         if fig is not None and fig > (leading or 0.0):
             behind.append(t)  # in flight or not: a look counts from its start (docs/adr/0023, amendment)
-        if state.in_flight(t.key, mode):  # one request re-measures it, not every one
-            continue
+        flying = state.in_flight(t.key, mode)
         newest = state.figure(t.key, newest_policy, now, mode)
-        if leading is not None and fig is not None and fig > leading and newest is not None and newest < leading:
+        if leading is not None and fig is not None and fig > leading and newest is not None and newest < leading \
+                and not (flying and _confirming(t, state, budget, mode)):
             return t.name
+        if flying:  # one request re-measures it, not every one
+            continue
         age += newest or 0.0
         if age > hedge.refresh_secs and (oldest is None or age > oldest[0]):
             oldest = (age, t.name)
-    budget = state.hedge_budget(route.name)
     if leading is not None and budget is not None and behind and budget.affords(hedge.max_extra, LOOK_KEEP):
         look = worthiest(_prospects(behind, state, budget, mode), leading)
         if look is not None:
@@ -142,6 +146,15 @@ def due(route: Route, order: Sequence[Target], state: ExploreView, mode: str, fi
         return frozenset()
     behind = [t for t in order if (f := figures.get(t.name)) is not None and f > leading]
     return frozenset(p.name for p in _prospects(behind, state, budget, mode) if worth(p, leading) >= LOOK_AFTER)
+
+
+def _confirming(target: Target, state: ExploreView, budget: HedgeBudget | None, mode: str) -> bool:
+    """Is a look at ``target`` in flight that began after the call of its newest sample (the one that
+    showed the recovery)? Then that look confirms it; an older one in flight (begun before the target
+    recovered, a slow look still running) tells only of the old moment."""
+    looked = None if budget is None else budget.looked_at.get((target.key, mode))
+    began = state.began(target.key, mode)
+    return looked is None or began is None or looked >= began
 
 
 def confirming(target: Target, figures: Figures, state: ExploreView, mode: str) -> bool:

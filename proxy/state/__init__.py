@@ -233,6 +233,10 @@ class State:
         """The target's newest first-token samples in ``mode``, oldest first (a hedge's pNN)."""
         return self.tracker.recent(key, mode)
 
+    def began(self, key: TargetKey, mode: str = STREAMED) -> float | None:
+        """When the call of the target's newest sample began."""
+        return self.tracker.began(key, mode)
+
     def held(self, key: TargetKey, mode: str = STREAMED) -> int:
         """Censored bounds held against the target's figure (lost races since its last faster answer)."""
         return self.tracker.held(key, mode)

@@ -37,7 +37,7 @@ ROUNDING = 1e-9  # ten deposits of 0.1 make a token, though the floats sum to 0.
 
 
 class HedgeBudget:
-    __slots__ = ("freed", "looked", "owed", "refused", "requests", "share", "tokens")
+    __slots__ = ("freed", "looked", "looked_at", "owed", "refused", "requests", "share", "tokens")
 
     def __init__(self, share: float) -> None:
         self.share = share
@@ -47,6 +47,7 @@ class HedgeBudget:
         self.freed: dict[Hashable, float] = {}  # (target key, mode) -> when its free measure started
         self.requests = 0  # the route's requests so far (deposits)
         self.looked: dict[Hashable, int] = {}  # (target key, mode) -> the request that last ran it
+        self.looked_at: dict[Hashable, float] = {}  # (target key, mode) -> when that run began
 
     def owes_free_measure(self, key: Hashable, measured_at: float | None) -> bool:
         """Would ``key``, unmeasured, race without a token now? Yes once; again only after a sample
@@ -97,10 +98,12 @@ class HedgeBudget:
             self.refuse()
         return False
 
-    def look(self, key: Hashable) -> None:
+    def look(self, key: Hashable, now: float | None = None) -> None:
         """The route ran ``key`` in this request to its own first token (a leader, a learner, a
-        measured hedge): its figure is as fresh as this request."""
+        measured hedge), beginning ``now``: its figure is as fresh as this request."""
         self.looked[key] = self.requests
+        if now is not None:
+            self.looked_at[key] = now
 
     def unlooked(self, key: Hashable) -> int:
         """The route's requests since it last ran ``key`` (all of them if it never did). A read."""

@@ -260,6 +260,11 @@ class Tracker:
             return None
         return now - series.newest_at
 
+    def began(self, key: TargetKey, mode: str = STREAMED) -> float | None:
+        """When the call of the newest sample (by start) began: what a look begun later tells more of."""
+        series = self.modes[mode].get(key)
+        return series.starts[-1] if series is not None and series.starts else None
+
     def recent(self, key: TargetKey, mode: str) -> list[float]:
         """The newest samples, oldest first (a hedge's percentile is taken over them)."""
         series = self.modes[mode].get(key)

@@ -213,7 +213,7 @@ class Race:
         lead, after the first (which sorts at the request's start, before any racer it began)."""
         self.phase = Phase.LEADING
         self.leader, self.leader_started = target, self.walker.clock()
-        self.budget.look((target.key, self.mode))  # its figure is as fresh as this request (routing/explore.py)
+        self.budget.look((target.key, self.mode), self.leader_started)  # as fresh as this request (routing/explore.py)
         if again and self.racers:  # a failover inline after a race began: its attempts sort by its own start
             self.later = [*(self.later or ()), (self.leader_started, len(self.inline.attempts))]
         if self.hedging is not Hedging.SPENT and self.queue:
@@ -261,7 +261,7 @@ class Race:
         reserved = Reservation(state, state.target(target.key), not self.call.stream)
         racer = _Racer(target, self.walker.clock(), measuring, reserved)
         if measuring:
-            self.budget.look((target.key, self.mode))
+            self.budget.look((target.key, self.mode), racer.started)
         self.racers.append(racer)
         task = racer.task = asyncio.get_running_loop().create_task(self._run(racer))
         task.add_done_callback(lambda _task: reserved.release())  # cancelled before it ever ran

@@ -86,6 +86,11 @@ def traffic(requests: int, tokens: float, looked: dict[str, int] | None = None) 
     return setup
 
 
+def look_began(name: str, at: float) -> Setup:
+    """The route's latest look at ``name`` began at ``at``."""
+    return lambda s: s.budget("chat", 0.1).looked_at.__setitem__(((name, "m"), STREAMED), at)
+
+
 def flying(name: str) -> Setup:
     """``name`` has a call in flight (a look at it runs)."""
     return lambda s: setattr(s.target((name, "m")), "in_flight", 1)
@@ -129,9 +134,14 @@ H = "id=t1; route=chat; strategy=fastest; order="
         pytest.param((*pool(), traffic(30, 1.9, {"b": 30, "c": 25}), flying("c")),
                      "a(fastest 0.04s), b(0.08s), c(0.80s)", "", 0.0, set(),
                      id="in-flight-since-lately-it-is-not-due"),
-        pytest.param((*pool((0.8,) * 6 + (0.01,)), traffic(30, 1.05, {"b": 30, "c": 29}), flying("c")),
+        pytest.param((*pool((0.8,) * 6 + (0.01,)), traffic(30, 1.05, {"b": 30, "c": 29}), flying("c"),
+                      look_began("c", NOW)),
                      "a(fastest 0.04s), b(0.08s), c(0.17s)", "", 0.0, set(),
                      id="a-recovery-being-confirmed-is-not-confirmed-twice"),
+        pytest.param((*pool((0.8,) * 6 + (0.01,)), traffic(30, 1.05, {"b": 30, "c": 29}), flying("c"),
+                      look_began("c", NOW - 5.0)),
+                     "c(explore 0.17s), a(0.04s), b(0.08s)", PAID, 0.0, set(),
+                     id="a-slow-look-begun-before-the-recovery-still-in-flight-does-not-hold-back-its-confirmation"),
         pytest.param((*pool(), traffic(30, 1.9, {"b": 15, "c": 15})),
                      "b(explore 0.08s), a(0.04s), c(0.80s)", PAID, RESERVE, set(),
                      id="far-or-near-behind-a-tie-goes-to-the-first-written"),
