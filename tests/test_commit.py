@@ -89,14 +89,16 @@ async def test_a_target_that_fails_fast_with_error_events_never_leads_fastest(up
                                          first=0.05),
                                 strategy="fastest", fastest={"explore": 0.2, "seed": 3})
     served = []
-    for _ in range(20):
+    for _ in range(40):
         status, headers, body = await p.post("/v1/chat/completions", {**CHAT, "stream": True})
         assert status == 200
         assert texts(body)[0]["choices"][0]["delta"]["content"] == "slow but real"
         served.append(decision_of(headers).served)
-    assert served == ["b"] * 20
+    assert served == ["b"] * 40
     assert p.gateway.state.figure(("a", "ma"), p.gateway.config.routes["chat"].fastest, p.gateway.clock()) is None
-    assert len(a.calls) == 3  # its breaker opened after cooldown.failures of them
+    # its breaker opened after cooldown.failures of them: its free measure, then two on the budget once the
+    # cold start's advances were repaid (docs/adr/0023, amendment: forty requests, not twenty as before)
+    assert len(a.calls) == 3
 
 
 async def test_anthropic_error_after_message_start_fails_over_for_openai_clients(upstreams, proxy):
