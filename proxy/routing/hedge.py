@@ -119,7 +119,9 @@ def opening(hedge: Hedge, route: str, targets: Sequence[Target], first_reason: s
             return Opening(order, first, role, FREE, hedge_after=delays)
     # An explore, or a measure whose free call was spent (a target that keeps failing), leaves a
     # token for a hedge; unpaid, learning waits behind the leader instead of making the client wait.
-    keep = keep if role == "explore" else RESERVE
+    # While the cold start's advances are repaid (no token grows for some thirty requests) a measure
+    # may take the start token: a free measure that failed would otherwise be refused all that time.
+    keep = keep if role == "explore" else (0.0 if budget.owed > 0 else RESERVE)
     if budget.affords(hedge.max_extra, keep):
         return Opening(order, first, role, PAID, keep, hedge_after=delays)
     return Opening((order[1], first, *order[2:]), refused=first.name, hedge_after=delays)

@@ -256,6 +256,15 @@ def tokens(n: float, share: float = 0.1) -> Any:
     return setup
 
 
+def owing(n: float, owed: float) -> Any:
+    """A cold route: ``n`` tokens, ``owed`` of its advances (start token, free measures) unrepaid."""
+    def setup(s: State) -> None:
+        budget = s.budget("chat", 0.1)
+        budget.tokens, budget.owed = n, owed
+
+    return setup
+
+
 def freed(name: str, at: float) -> Any:
     """``name`` had its free measure at ``at`` (streamed), and no sample came since."""
     def setup(s: State) -> None:
@@ -278,6 +287,9 @@ ABC = config("fastest", [t("a"), t("b"), t("c")], hedge={"after": 1})
                      id="its-free-measure-spent-it-pays-leaving-the-reserve"),
         pytest.param("unmeasured", 2, (freed("a", NOW - 1), tokens(1.0)), ("b a c", None, "", "", 0.0, "a"),
                      id="unpaid-it-waits-behind-the-leader"),
+        pytest.param("unmeasured", 2, (freed("a", NOW - 1), owing(1.0, 1.5)),
+                     ("a b c", "a", "measure", PAID, 0.0, None),
+                     id="while-the-cold-start-is-repaid-a-measure-may-take-the-start-token"),
         pytest.param("unmeasured", 2, (in_flight("a"), tokens(0.9)), ("a b c", "a", "measure", PAID, 0.0, None),
                      id="a-cold-burst-measure-may-spend-the-hedges-token"),
         pytest.param("unmeasured", 2, (in_flight("a"), tokens(0.5)), ("a b c", None, "", "", 0.0, "b"),
