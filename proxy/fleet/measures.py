@@ -66,7 +66,10 @@ class Measures:
         self.routes: list[Route] = []
         self.claims = 0  # won, since start
         self._seen: object = None  # what the last tick read: unmeasured, holders, in use
-        self.unmeasured: frozenset[Claim] = frozenset()  # as the last tick saw: a sample of one goes at once
+        # (target, mode) pairs without a figure, as the last tick saw: a sample of one (a first measure)
+        # goes to the peers at once. Local targets, not fleet ids: one upstream named twice, one of the
+        # names measured, would make every sample of the measured one urgent.
+        self.unmeasured: frozenset[tuple[TargetKey, str]] = frozenset()
         self._changed_at = 0.0
 
     def configure(self, config: Config) -> None:
@@ -93,7 +96,7 @@ class Measures:
         """Read the claims of what is unmeasured, tend ours, take one ahead per mode."""
         link, now = self.link, self.link.clock()
         wanted = self._unmeasured(now)
-        self.unmeasured = frozenset(wanted)
+        self.unmeasured = frozenset((key, claim[1]) for claim, keys in wanted.items() for key in keys)
         for claim in [c for c in self.held if c not in wanted]:
             # Measured (or no longer measurable): left to expire, not deleted, so a peer whose view
             # lacks the sample yet still reads it as being measured instead of free to measure again.

@@ -266,3 +266,33 @@ async def test_a_breaker_opening_does_not_wait_for_the_send_gap(redis_server, up
     (at, opening), = [(at, e) for at, e in sent if e[0] == "o"]
     opened = opening[2] - opening[3]  # its deadline less its cooldown: when it opened, wall clock
     assert at - opened < SEND_GAP / 2, at - opened  # sent at once, not after what is left of the gap
+
+
+async def test_only_a_first_measure_skips_the_send_gap(redis_server, upstreams, proxy) -> None:
+    """One upstream named twice (same base_url and model: one fleet id), one name measured, the other
+    never asked: the measured one's samples are no first measures and wait for the gap like any other
+    (each went at once when the claims' fleet id decided, one entry per call)."""
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(redis_server, fleet, {"a": up.url, "b": up.url})
+    raw["routes"] = {"chat": {"strategy": "fastest", "targets": [{"provider": "a", "model": "m"}]},
+                     "both": {"strategy": "fastest", "targets": [{"provider": p, "model": "m"} for p in "ab"]}}
+    (p,) = await fleet_of(1, proxy, raw)
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await post(session, p) == 200  # a's first measure (buffered)
+            await asyncio.sleep(0.3)  # the measures' tick has seen a measured and b not
+            first = (await client.xrevrange(stream_key(fleet), count=1))[0][0]
+            start = time.monotonic()
+            calls = 0
+            while time.monotonic() - start < 1.0:  # one after another: each call ends before the next
+                assert await post(session, p) == 200
+                calls += 1
+        await asyncio.sleep(2 * SEND_GAP)
+        elapsed = time.monotonic() - start
+        entries = await client.xrange(stream_key(fleet), min=f"({first.decode()}")
+    finally:
+        await client.aclose()
+    assert calls > 3 * elapsed / SEND_GAP, calls  # the check below can tell one entry per call apart
+    assert len(entries) <= elapsed / SEND_GAP + elapsed / HEARTBEAT + 2, (len(entries), calls, elapsed)
