@@ -134,6 +134,10 @@ class FleetLink:
         if not self._wake.is_set():
             self._wake.set()
 
+    def asked(self, route: str, mode: str) -> None:
+        """A request for ``route`` in ``mode``: its measuring claims are kept (``measures.py``)."""
+        self.measures.asked(route, mode)
+
     def to_wall(self, mono: float) -> float:
         return time.time() + (mono - self.clock())
 

@@ -134,6 +134,8 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ask = Ask(ex.rid, model, pin_of(request), tokens, ex.op,
               STREAMED if call.stream else BUFFERED)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
+    if gw.fleet is not None:  # the routes with traffic keep their measuring claims (fleet/measures.py)
+        gw.fleet.asked(model, ask.mode)
     decision = ex.decision = planned.decision  # what is logged if the client leaves during the walk
     if not planned.targets:
         return _nothing_eligible(ex, decision, planned.unservable)
