@@ -22,6 +22,17 @@ exports a full batch of 512 spans triggers, as at any rate above about 1,000 cal
 
 ``--other`` adds a firstbyte whose ``proxy`` package is in DIR (put first on
 PYTHONPATH), to compare two versions of the code in one run.
+
+**What is per call and what is per second.** Each process is also counted idle, right after its
+calls, for as long as its calls took (a second callgrind part, ``callgrind_control --dump``
+between the two). Under callgrind a call is about 100 times slower, so whatever a process does per
+second of wall clock (the fleet link's heartbeat and its read-back, measuring claims, timers) falls
+on 100 times fewer calls than at full speed. The tables print the raw figure, the idle background
+per second of wall clock (in its own right: it is what an idle instance spends), and the per-call
+figure with that background subtracted; the last is what a per-request goal is read on (the
+background per second is a cost too, reported beside it, not per call). ``--redis`` adds
+``NAME-fleet`` for every version (this code and each ``--other``), each measured right after the
+same code without Redis, so a pair shares the machine's state of the moment.
 """
 
 from __future__ import annotations
@@ -33,7 +44,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
@@ -47,19 +61,32 @@ def callgrind(args: list[str], out: Path, env: dict[str, str], log: Path) -> sub
         env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=bench.ROOT)
 
 
-def total_instructions(out: Path) -> int:
+def total_instructions(path: Path) -> int:
+    """The instructions of one callgrind part (one dump file)."""
     total = 0
-    for path in out.parent.glob(out.name + "*"):
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith(("totals:", "summary:")):
-                total = max(total, int(line.split()[1]))
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            total = max(total, int(line.split()[1]))
     return total
 
 
+def control(pid: int, *args: str) -> float:
+    """callgrind_control; returns when it came back (monotonic)."""
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
+    return time.monotonic()
+
+
+class Counted(NamedTuple):
+    per_call: float  # instructions per call, raw
+    idle: float  # instructions per second of wall clock, idle, right after the calls
+    net: float  # per call less the idle background of the calls' wall time
+    secs: float  # the calls' wall time (counted)
+
+
 def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: bench.Loadgen, tmp: Path,
-            stream: bool, calls: int, seen: dict[str, int] | None = None) -> float:
-    """Instructions per call; ``seen``: the sink's and poller's counts, whose counted window's share
-    is printed."""
+            stream: bool, calls: int, seen: dict[str, int] | None = None) -> Counted:
+    """Instructions per call, raw and less the idle background; ``seen``: the sink's and poller's
+    counts, whose counted window's share is printed."""
     out = tmp / f"callgrind-{name}-{'stream' if stream else 'buffer'}.out"
     proc = callgrind(args, out, env, tmp / f"{name}.log")
     try:
@@ -69,16 +96,24 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
         run = {"op": "run", "url": url, "body": body, "stream": stream, "concurrency": 16, "warmup": 0}
         gen.call({**run, "requests": 200})
         before = dict(seen or {})
-        subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+        start = control(proc.pid, "-i", "on")
         gen.call({**run, "requests": calls})
-        subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+        secs = time.monotonic() - start
+        control(proc.pid, "-i", "off")
         if seen is not None:
             window = {k: v - before[k] for k, v in seen.items()}
             print(f"{name} {'streamed' if stream else 'buffered'}, in the counted window: {window}", file=sys.stderr)
+        control(proc.pid, "--dump")  # part 1: the calls; the counters start again from zero
+        start = control(proc.pid, "-i", "on")
+        time.sleep(secs)
+        idle_secs = time.monotonic() - start
+        control(proc.pid, "-i", "off")
     finally:
         proc.terminate()
         proc.wait(60)
-    return total_instructions(out) / calls
+    counted, idle = total_instructions(out.with_name(out.name + ".1")), total_instructions(out)
+    per_sec = idle / idle_secs
+    return Counted(counted / calls, per_sec, (counted - per_sec * secs) / calls, secs)
 
 
 def main() -> int:
@@ -103,16 +138,18 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-instr-"))
     procs = bench.Procs(tmp)
     gen: bench.Loadgen | None = None
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, Counted]] = {}
     try:
         sim = bench.free_port()
         bench.simulate(procs, "sim", sim, 2.0, 0, 8)
         gen = bench.Loadgen()
-        versions: dict[str, str | None] = {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}
+        versions: dict[str, str | None] = {}
+        for name, path in {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}.items():
+            versions[name] = path
+            if args.redis:  # right after the same code alone: each pair shares the moment's machine
+                versions[f"{name}-fleet"] = path
         if "firstbyte-unhedged" in args.unhedged:
             versions["firstbyte-unhedged"] = None
-        if args.redis:
-            versions["firstbyte-fleet"] = None
         if args.see:
             versions["firstbyte-traces"] = None
             versions["firstbyte-status"] = None
@@ -134,7 +171,7 @@ def main() -> int:
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")
-                if name == "firstbyte-fleet":
+                if name.endswith("-fleet"):
                     config["state"] = {"redis": args.redis, "fleet": f"instructions-{port}"}
                 config_path.write_text(json.dumps(config))
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
@@ -151,13 +188,41 @@ def main() -> int:
         if gen is not None:
             gen.close()
         procs.stop_all()
-    print(f"instructions per call (callgrind, {args.calls} calls at concurrency 16, thousands)\n")
-    print(f"{'':<18}{'buffered':>10}{'x floor':>9}{'streamed':>10}{'x floor':>9}")
+    report(rows, args.calls)
+    return 0
+
+
+def report(rows: dict[str, dict[str, Counted]], calls: int) -> None:
+    """Three tables: raw per call, the idle background per second, per call less it; and each
+    ``-fleet`` version against the same code without Redis."""
+    print(f"instructions per call (callgrind, {calls} calls at concurrency 16, thousands), raw\n")
+    table(rows, lambda c: c.per_call, "x floor")
+    print("\nidle background, thousands of instructions per second of wall clock (counted right after the calls,"
+          "\nas long as they took; seconds of the counted calls in brackets)\n")
+    print(f"{'':<22}{'buffered':>10}{'streamed':>19}")
     for name, row in rows.items():
         b, s = row["buffered"], row["streamed"]
-        print(f"{name:<18}{b / 1000:>10.0f}{b / rows['floor']['buffered']:>9.2f}"
-              f"{s / 1000:>10.0f}{s / rows['floor']['streamed']:>9.2f}")
-    return 0
+        print(f"{name:<22}{b.idle / 1000:>10.0f} ({b.secs:4.1f}s){s.idle / 1000:>10.0f} ({s.secs:4.1f}s)")
+    print("\ninstructions per call less the idle background of the calls' wall time (thousands):"
+          "\nwhat a per-request goal is read on\n")
+    table(rows, lambda c: c.net, "x floor")
+    fleets = [n for n in rows if n.endswith("-fleet") and n[:-6] in rows]
+    if fleets:
+        print("\nwith Redis / without, per call: raw buffered, streamed; less the idle background buffered, streamed\n")
+        for name in fleets:
+            f, a = rows[name], rows[name[:-6]]
+            ratios = [f[k].per_call / a[k].per_call for k in ("buffered", "streamed")]
+            ratios += [f[k].net / a[k].net for k in ("buffered", "streamed")]
+            print(f"{name:<22}" + "".join(f"{r - 1:>+9.1%}" for r in ratios))
+
+
+def table(rows: dict[str, dict[str, Counted]], value: Callable[[Counted], float], ratio: str) -> None:
+    print(f"{'':<22}{'buffered':>10}{ratio:>9}{'streamed':>10}{ratio:>9}")
+    floor = rows["floor"]
+    for name, row in rows.items():
+        b, s = value(row["buffered"]), value(row["streamed"])
+        print(f"{name:<22}{b / 1000:>10.0f}{b / value(floor['buffered']):>9.2f}"
+              f"{s / 1000:>10.0f}{s / value(floor['streamed']):>9.2f}")
 
 
 if __name__ == "__main__":
