@@ -24,8 +24,9 @@ exports a full batch of 512 spans triggers, as at any rate above about 1,000 cal
 PYTHONPATH), to compare two versions of the code in one run.
 
 **What is per call and what is per second.** Each process is also counted idle, right after its
-calls, for as long as its calls took (a second callgrind part, ``callgrind_control --dump``
-between the two). Under callgrind a call is about 100 times slower, so whatever a process does per
+calls and a ``SETTLE`` pause not counted (what the calls left to do is theirs, not background),
+for as long as its calls took (a second callgrind part, ``callgrind_control --dump`` between the
+two). Under callgrind a call is about 100 times slower, so whatever a process does per
 second of wall clock (the fleet link's heartbeat and its read-back, measuring claims, timers) falls
 on 100 times fewer calls than at full speed. The tables print the raw figure, the idle background
 per second of wall clock (in its own right: it is what an idle instance spends), and the per-call
@@ -51,6 +52,8 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
+
+SETTLE = 2.0  # seconds between the counted calls and the counted idle, not counted
 
 SEEING = ("firstbyte-traces", "firstbyte-status", "firstbyte-see")
 
@@ -104,6 +107,7 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
             window = {k: v - before[k] for k, v in seen.items()}
             print(f"{name} {'streamed' if stream else 'buffered'}, in the counted window: {window}", file=sys.stderr)
         control(proc.pid, "--dump")  # part 1: the calls; the counters start again from zero
+        time.sleep(SETTLE)  # what the calls left to do (an access log's flush, closing connections) is theirs
         start = control(proc.pid, "-i", "on")
         time.sleep(secs)
         idle_secs = time.monotonic() - start
@@ -197,8 +201,8 @@ def report(rows: dict[str, dict[str, Counted]], calls: int) -> None:
     ``-fleet`` version against the same code without Redis."""
     print(f"instructions per call (callgrind, {calls} calls at concurrency 16, thousands), raw\n")
     table(rows, lambda c: c.per_call, "x floor")
-    print("\nidle background, thousands of instructions per second of wall clock (counted right after the calls,"
-          "\nas long as they took; seconds of the counted calls in brackets)\n")
+    print(f"\nidle background, thousands of instructions per second of wall clock (counted {SETTLE:g} s after the"
+          "\ncalls, as long as they took; seconds of the counted calls in brackets)\n")
     print(f"{'':<22}{'buffered':>10}{'streamed':>19}")
     for name, row in rows.items():
         b, s = row["buffered"], row["streamed"]
