@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from . import __version__
-from .config import Config, Simulate, load_config, split_listen
+from .config import Config, Route, Simulate, load_config, split_listen
 from .config.document import read_yaml
 from .config.fields import default
 from .errors import ConfigError
@@ -53,11 +53,14 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def describe(config: Config) -> str:
     """The plan `firstbyte check` prints: each route's targets and what load-time filters say."""
+    from .config.advice import limit_advice
+
     workers = f" with {config.workers} workers" if config.workers > 1 else ""
     out = [f"config {config.source}: valid; listen {config.listen}{workers}"]
+    out += [f"warning: {line}" for line in limit_advice(config, config.workers)]
     for route in config.routes.values():
         out.append("")
-        out.append(f"route {route.name}  strategy={route.strategy}")
+        out.append(f"route {route.name}  strategy={route.strategy}  {races(route)}")
         rows = []
         for t in route.targets:
             provider = config.providers[t.provider]
@@ -72,6 +75,16 @@ def describe(config: Config) -> str:
                   "price in/out", "eligible"]
         out.append(_table(rows, header))
     return "\n".join(out)
+
+
+def races(route: Route) -> str:
+    """Whether a route races for the first token, and on what terms (``hedge:``, docs/routing.md)."""
+    hedge = route.hedge
+    if hedge is None:
+        return "races: no" + (" (hedge: false)" if route.strategy == "fastest" else " (no hedge: set)")
+    after = f"p{hedge.after_percentile}" if hedge.after_secs is None else f"{hedge.after_secs:g}s"
+    return (f"races: after {after}, max_extra {hedge.max_extra:g}, explore {'on' if hedge.explore else 'off'}, "
+            f"refresh {hedge.refresh_secs:g}s, cap {hedge.cap:g}")
 
 
 def _load(args: argparse.Namespace) -> Config | None:

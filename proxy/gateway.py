@@ -113,7 +113,7 @@ class Gateway:
         if self.config.state.redis is not None:  # warm start: the fleet's figures before we say ready
             self.fleet = FleetLink(self.config.state, self.state, self.clock)
             self.fleet.configure(self.config)
-            self.limiters.shared(self.fleet.share)  # max_concurrent is the fleet's (docs/adr/0016)
+            self.limiters.shared(self.fleet.share, self.fleet.members)  # max_concurrent is the fleet's (docs/adr/0016)
             self.fleet.on_change = self.limiters.wake
             await self.fleet.start()
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from .config import Config, load_config
+from .config.advice import limit_advice
 from .errors import ConfigError
 from .forked import Forked, fork
 from .sdnotify import Notifier
@@ -187,6 +188,7 @@ class Supervisor:
                 return False
             if config.workers != self.count:
                 log.warning("workers changed: takes effect on restart")
+            self._advise(config)
             for w in self.workers:
                 w.ready.clear()
                 if w.alive and w.proc is not None:
@@ -198,6 +200,12 @@ class Supervisor:
             return True
         finally:
             self.notifier.ready()
+
+    def _advise(self, config: Config) -> None:
+        """Once for the box, not once per worker: what the config does that its operator may not mean
+        (a ``max_concurrent`` below the workers: proxy/config/advice.py)."""
+        for line in limit_advice(config, self.count):
+            log.warning("%s", line)
 
     async def _stop(self) -> None:
         self.notifier.stopping()
@@ -233,6 +241,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         try:
             await _preload()
+            self._advise(self.config)
             for w in self.workers:
                 await self._spawn(w)
             watches = [loop.create_task(self._watch(w)) for w in self.workers]

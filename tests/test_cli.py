@@ -149,3 +149,53 @@ def test_check_into_a_closed_pipe_stops_quietly() -> None:
         stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=30) == 141
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_check_shows_whether_each_route_races(tmp_path: Path) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text("providers: {s: {kind: simulated}}\nroutes:\n"
+                      "  quick: {strategy: fastest, targets: [{provider: s, model: m}]}\n"
+                      "  calm: {strategy: fastest, hedge: false, targets: [{provider: s, model: m}]}\n"
+                      "  bare:\n    strategy: ordered\n    hedge:\n    targets: [{provider: s, model: m}]\n"
+                      "  plain: {targets: [{provider: s, model: m}]}\n")
+    run = firstbyte("check", "--config", str(config))
+    assert run.returncode == 0, run.stderr
+    heads = [line for line in run.stdout.splitlines() if line.startswith("route ")]
+    assert heads == [
+        "route quick  strategy=fastest  races: after p90, max_extra 0.1, explore on, refresh 0.3s, cap 4",
+        "route calm  strategy=fastest  races: no (hedge: false)",
+        "route bare  strategy=ordered  races: after p90, max_extra 0.1, explore on, refresh 0.3s, cap 4",
+        "route plain  strategy=ordered  races: no (no hedge: set)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("workers", "limit", "warned"),
+    [
+        pytest.param(2, 1, True, id="two-workers-one-place-warns"),
+        pytest.param(3, 2, True, id="three-workers-two-places-warns"),
+        pytest.param(2, 2, False, id="a-place-each-is-quiet"),
+        pytest.param(1, 1, False, id="one-worker-is-quiet"),
+    ],
+)
+def test_check_warns_when_workers_outnumber_a_providers_max_concurrent(tmp_path: Path, workers: int, limit: int,
+                                                                       warned: bool) -> None:
+    """A worker ranked past the limit holds no place of it: its calls fail over at once (503 busy)
+    while the upstream idles. ``check`` says so, with what to set instead; the file stays valid."""
+    config = tmp_path / "routes.yaml"
+    config.write_text(f"workers: {workers}\nstate: {{redis: 'redis://127.0.0.1:6379/0', fleet: f}}\n"
+                      f"providers: {{up: {{kind: simulated, max_concurrent: {limit}, queue: 8}},\n"
+                      "            other: {kind: simulated}}\n"
+                      "routes: {chat: {targets: [{provider: up, model: m}]},\n"
+                      "         spare: {targets: [{provider: other, model: m}]}}\n")
+    run = firstbyte("check", "--config", str(config))
+    assert run.returncode == 0, run.stderr
+    warnings = [line for line in run.stdout.splitlines() if line.startswith("warning:")]
+    if not warned:
+        assert warnings == []
+        return
+    assert warnings == [
+        f"warning: providers.up.max_concurrent: {limit} is split among {workers} workers (routes: chat); "
+        f"{workers - limit} of them gets no place, so their calls to up fail over at once (503 busy when the "
+        f"route has no other target) while the upstream may idle; set max_concurrent to at least {workers} "
+        f"(the fleet's whole limit, split: docs/adr/0016), or workers to at most {limit}"]

@@ -153,6 +153,17 @@ _PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
                  "wrong types", id="anthropic-to-chat"),
     pytest.param("anthropic", "/v1/messages", _START + _TEXT,
                  b'event: error\ndata: {"type":"error","error":"boom"}\n\n', "boom", id="anthropic-passthrough"),
+    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"), b'data: {"choices":"oops"}\n\n',
+                 "wrong types for its API (choices is a string, not a list)", id="openai-passthrough-choices"),
+    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
+                 b'data: {"choices":[{"index":0,"delta":{"content":5}}]}\n\n',
+                 "(delta.content is a number, not a string)", id="openai-passthrough-content"),
+    pytest.param("openai", "/v1/messages", chunk_event("partial"),
+                 b'data: {"choices":[{"index":0,"delta":{"content":5}}]}\n\n',
+                 "(delta.content is a number, not a string)", id="openai-to-messages-content"),
+    pytest.param("anthropic", "/v1/chat/completions", _START + _TEXT,
+                 b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                 b'"delta":{"type":"text_delta","text":5}}\n\n', "wrong types", id="anthropic-to-chat-text"),
 ])
 async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_person_can_act_on(
         upstreams, proxy, kind, path, opening, wrong, said):

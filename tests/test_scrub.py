@@ -254,8 +254,8 @@ async def test_the_openai_sdk_sees_only_listed_headers_on_an_answer(upstreams, p
 
 def _asides(s: str) -> bytes:
     """What an SSE stream may carry besides its answer, each quoting the key: a comment, an ``id:``
-    and a ``retry:`` line."""
-    return f": debug {s}\n\nid: {s}\nretry: 1000\n".encode()
+    and a ``retry:`` line, and as an ``event:`` name no API uses."""
+    return f": debug {s}\n\nid: {s}\nretry: 1000\nevent: {s}\n".encode()
 
 
 def _with_asides(events: list[bytes]) -> Says:

@@ -443,3 +443,24 @@ async def test_a_reload_that_fails_for_any_reason_is_refused_counted_and_the_old
     assert await asyncio.wait_for(service.proc.wait(), 10) == 0
     log = (tmp_path / "access.log").read_text().splitlines()
     assert [json.loads(line)["route"] for line in log[-3:]] == ["added", "chat", "added"]  # one log throughout
+
+
+async def test_the_ops_listener_answers_reach_the_access_log(service: Running, tmp_path: Path) -> None:
+    """A reviewer's /v1/health, explain, a 404 and a malformed request on ``ops_listen``: none had an access
+    log line, so what was asked there could not be found. Its probes and /metrics stay unlogged, as the
+    main listener's are (they are polled)."""
+    async with aiohttp.ClientSession() as s:
+        for path in ("/v1/health", "/v1/routes/chat/explain", "/nope", "/healthz", "/metrics"):
+            async with s.get(service.ops_url + path) as resp:
+                await resp.read()
+    reader, writer = await asyncio.open_connection("127.0.0.1", service.ports[1])
+    writer.write(b"POST /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.split(b" ", 2)[1] == b"400" and b"x-request-id" in answer, answer
+    service.proc.send_signal(signal.SIGTERM)  # the access log writes out as it stops
+    assert await asyncio.wait_for(service.proc.wait(), 10) == 0
+    lines = [json.loads(line) for line in (tmp_path / "access.log").read_text().splitlines()]
+    assert [(line["path"], line["status"], line["error"]) for line in lines[:3]] == [
+        ("/v1/health", 200, None), ("/v1/routes/chat/explain", 200, None), ("/nope", 404, "http_404")]
+    assert [(line["status"], line["error"]) for line in lines[3:]] == [(400, "http_400")]  # aiohttp's path: "/"

@@ -260,17 +260,19 @@ def _route(r: Reader, name: str, raw: Any, providers: Mapping[str, Provider]) ->
         min_quality=r.number(data, "min_quality", path, default(Route, "min_quality"), low=0, high=1),
         cooldown=cooldown,
         score=score,
-        hedge=_hedge(r, data.get("hedge", {} if strategy == "fastest" else None), f"{path}.hedge"),
+        hedge=_hedge(r, data["hedge"], f"{path}.hedge") if "hedge" in data else (
+            _hedge(r, {}, f"{path}.hedge") if strategy == "fastest" else None),
         fail_over_on=r.statuses(data, "fail_over_on", path),
     )
 
 
 def _hedge(r: Reader, raw: Any, path: str) -> Hedge | None:
     """``hedge:``; a ``fastest`` route that says nothing races with the defaults (docs/routing.md, "The
-    default"): without racing, a shift in the targets' speeds is seen only by chance; ``false`` turns it off."""
-    if raw is None or raw is False:
+    default"): without racing, a shift in the targets' speeds is seen only by chance; ``false`` turns it off.
+    A bare ``hedge:`` (YAML null) is ``{}``, as a bare ``cooldown:`` is: it names racing, so it races."""
+    if raw is False:
         return None
-    if raw is True:
+    if raw is None or raw is True:
         raw = {}
     data = r.mapping(raw, path, ("after", "max_extra", "explore", "refresh", "cap"))
     after = data.get("after", f"p{default(Hedge, 'after_percentile')}")

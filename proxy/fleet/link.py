@@ -160,6 +160,10 @@ class FleetLink:
             return limit
         return split(limit, len(peers) + 1, sum(name < self.instance for name in peers))
 
+    def members(self) -> int:
+        """The live members a fleet-wide limit is split among now, this one included (1 while alone)."""
+        return len(self.peers.members(self.clock())) + 1 if self.connected else 1
+
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()

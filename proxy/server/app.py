@@ -15,7 +15,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from ..config import Config, Route
@@ -38,7 +37,7 @@ from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshap
 from .keys import key_accepted, key_refused
 from .listener import ON_REFUSED
 from .ops import explain, health, healthz, metrics, model, models, ready
-from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, request_id
+from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, log_answer, log_refused, request_id
 from .request import check_model, estimate_tokens, parse_call, pin_of, read_body
 from .status import add_status_routes
 
@@ -249,33 +248,6 @@ def guarded(gw: Gateway, inner: Handler, *, dialect: Dialect | None = OPENAI, lo
     return handle
 
 
-def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamResponse, t0: float) -> None:
-    """Hand an answer that was not routed (401, 404, models, health, a parser's 400…) to the observers, with
-    its id, size and error code, so the access log has a line for every answer."""
-    body = getattr(response, "body", None)
-    size = len(body) if isinstance(body, bytes) else (response.content_length or 0)
-    error = None
-    if response.status >= 400 and isinstance(body, bytes):
-        error = _error_code(body)
-    rid = response.headers.get("x-request-id")
-    now = gw.clock()
-    gw.outbox.finished(Finished(None, time.time() - (now - t0), request.remote or "-", request.method, request.path,
-                         response.status, "", False, now - t0, now - t0, size, error, rid))
-
-
-def _error_code(body: bytes) -> str | None:
-    """The ``code`` (else ``type``) of an OpenAI- or Anthropic-shape error body."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    error = data.get("error") if isinstance(data, dict) else None
-    if not isinstance(error, dict):
-        return None
-    code = error.get("code") or error.get("type")
-    return code if isinstance(code, str) else None
-
-
 def handler(gw: Gateway, op: str) -> Handler:
     """A routed endpoint for one operation: ``routed`` itself with the operation bound, not a
     coroutine around it, whose frame every resume of the request's task would pass through."""
@@ -356,7 +328,8 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     """The main app. ``manage=False`` when the caller starts and closes the gateway itself."""
     app = web.Application(client_max_size=1 << 40)
     app[GATEWAY] = gw
-    app[ON_REFUSED] = lambda request, response: log_answer(gw, request, response, gw.clock())
+    app[ON_REFUSED] = lambda remote, method, path, response: log_refused(gw, remote, method, path, response,
+                                                                         gw.clock())
     add_probes(app, gw, hub)
     if hub is not None:
         add_status_routes(app, main=True)  # the status page, refused while client keys are set

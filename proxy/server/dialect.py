@@ -123,6 +123,10 @@ def malformed_request(status: int, said: object) -> bytes:
         text = "firstbyte failed to handle this request; the error is in its log."
         return error_bytes(OPENAI, status, text, "server_error", code="internal_error")
     first = (str(said or "").strip().splitlines() or ["malformed request"])[0]
+    if first.startswith("Can not decode content-encoding"):  # aiohttp's words end "Please install `Brotli`"
+        encoding = first.split(":", 1)[1].split(".", 1)[0].strip()
+        first = (f"Content-Encoding {encoding} is not supported: send the body as it is, or gzip or deflate it "
+                 "(Content-Encoding: gzip)")
     return error_bytes(OPENAI, status, f"Malformed HTTP request: {first[:200]}", "invalid_request_error",
                        code=f"http_{status}")
 

@@ -4,7 +4,7 @@ aiohttp alone keeps a connection that trickles its request head for as long as
 its keep-alive timer (about an hour by default), has no body read timeout and
 no cap on connections, so slow clients can hold every file descriptor until
 real requests get empty replies; and it answers its own parser's errors
-(Content-Length with Transfer-Encoding, oversized headers) in plain text.
+(Content-Length with Transfer-Encoding, oversized headers) in plain text (ours: ``x-request-id``, logged).
 
 :class:`Guard` adds those per listener, from ``connections:`` in routes.yaml:
 
@@ -21,15 +21,14 @@ real requests get empty replies; and it answers its own parser's errors
   with no request under way) is closed to make room, else the one that has sent nothing for
   ``SILENT_SECS``: idle or silent connections cannot lock new clients out;
 - past ``max`` open connections with none idle, a new one has one second to send its request
-  head, which is answered 503 in the OpenAI shape (a real request in a flood
-  gets an answer, not an empty reply), and is then closed; ``max`` is held
-  under what RLIMIT_NOFILE allows, two descriptors per client (its own and an
-  upstream's), so the connections past it, which never reach an upstream,
-  have the other half to live their second in. At ``max`` plus half again,
-  a new connection evicts the one that has waited longest for its head (a
-  slow client's, not a real request's), and only when none is waiting is the
-  newcomer closed unanswered: a flood of idle connections cannot lock real
-  requests out, nor run the descriptors out.
+  head, which is answered 503 in the OpenAI shape (a real request in a flood gets an
+  answer, not an empty reply), and is then closed; ``max`` is held under what RLIMIT_NOFILE
+  allows, two descriptors per client (its own and an upstream's), so the connections past it,
+  which never reach an upstream, have the other half to live their second in. At ``max`` plus
+  half again, a new connection evicts the one that has waited longest for its head (a slow
+  client's, not a real request's), and only when none is waiting is the newcomer closed
+  unanswered: a flood of idle connections cannot lock real requests out, nor run the
+  descriptors out.
 
 No timer is armed per request: a connection stamps when its head and body
 phases began, and one sweeper task per listener looks at every connection a few
@@ -60,8 +59,8 @@ from .request import BodyTimeout
 
 __all__ = ["ON_REFUSED", "Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
 
-Refused = Callable[[web.BaseRequest, web.StreamResponse], None]
-# What an app does with a request aiohttp's parser refused before any handler saw it (the access log's line).
+# What an app does with an answer the listener gave itself (remote, method, path, answer): its access log line.
+Refused = Callable[[str, str, str, web.StreamResponse], None]
 ON_REFUSED: web.AppKey[Refused] = web.AppKey("on_refused")
 
 log = logging.getLogger("firstbyte")
@@ -71,7 +70,6 @@ LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dro
 FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 PROGRESS = 64 * 1024  # what a paused client must take per send_timeout to count as reading (not the tail of its window)
 SILENT_SECS = 1.0  # at the cap, a connection that has sent no head for this long makes room
-
 CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "idle_evicted", "over_capacity", "evicted",
                  "refused")
 
@@ -240,7 +238,7 @@ class GuardedHandler(RequestHandler):
             self._keepalive_handle = None
         if over:
             self.over = True
-            self._request_handler = over_capacity  # this connection only; nothing per request
+            self._request_handler = self._over_capacity  # this connection only; nothing per request
             guard.closed["over_capacity"] += 1
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -315,10 +313,14 @@ class GuardedHandler(RequestHandler):
         if transport is None or transport.is_closing():
             self.force_close()
             return
-        body = refusal(408, f"Request head did not arrive within {limit:g} s "
-                        "(connections.header_timeout).", "header_timeout")
-        transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        body, rid = refusal(408, f"Request head did not arrive within {limit:g} s "
+                                 "(connections.header_timeout).", "header_timeout"), new_id()
+        transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nx-request-id: %s\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (rid.encode(), len(body), body))
+        if self._guard.on_refused is not None:  # no head: no method or path to log
+            peer = transport.get_extra_info("peername") or ("-",)
+            said = web.Response(body=body, status=408, headers={"x-request-id": rid})
+            self._guard.on_refused(str(peer[0]), "-", "-", said)
         self.closing = True
         if transport.can_write_eof():
             transport.write_eof()
@@ -336,9 +338,18 @@ class GuardedHandler(RequestHandler):
         response = web.Response(body=malformed_request(status, message or exc), status=status, content_type=JSON,
                                 headers={"x-request-id": new_id()})
         response.force_close()
-        if self._guard.on_refused is not None:
-            self._guard.on_refused(request, response)
+        return self._refused(request, response)
+
+    def _refused(self, request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
+        if self._guard.on_refused is not None:  # to the access log, as the app's own refusals are
+            self._guard.on_refused(request.remote or "-", request.method, request.path, response)
         return response
+
+    async def _over_capacity(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The 503 past the cap, with an ``x-request-id`` and an access log line like any refusal."""
+        response = await over_capacity(request)
+        response.headers["x-request-id"] = new_id()
+        return self._refused(request, response)
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         """A body that could not be decoded or did not arrive in time was answered already (400 or

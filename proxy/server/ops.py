@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -22,7 +23,8 @@ from ..routing.score import SIGNALS, score_targets
 from ..state.budget import START
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
-from .replies import GATEWAY, HUB, answer_every_path, error_response, json_response, request_id
+from .listener import ON_REFUSED
+from .replies import GATEWAY, HUB, answer_every_path, error_response, json_response, log_answer, log_refused, request_id
 
 
 async def models(request: web.Request) -> web.Response:
@@ -281,15 +283,33 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
     """The ``ops_listen`` app: health, readiness, metrics, /v1/health and explain, without client keys."""
     app = web.Application()
     app[GATEWAY] = gw
+    app[ON_REFUSED] = lambda remote, method, path, response: log_refused(gw, remote, method, path, response,
+                                                                         gw.clock())
     add_ops_routes(app, hub)
     if hub is not None:
         from .status import add_status_routes  # status reads health_rows from here
 
         add_status_routes(app, main=False)
-    app.router.add_get("/v1/health", health)
-    app.router.add_get("/v1/routes/{route}/explain", explain)
-    answer_every_path(app, not_an_ops_endpoint)
+    app.router.add_get("/v1/health", logged(gw, health))
+    app.router.add_get("/v1/routes/{route}/explain", logged(gw, explain))
+    answer_every_path(app, logged(gw, not_an_ops_endpoint))
     return app
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def logged(gw: Gateway, inner: Handler) -> Handler:
+    """An ops endpoint whose answers reach the access log, as the main listener's /v1 GETs do (the
+    probes, ``/metrics`` and the status page are polled, and are not logged on either listener)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        t0 = gw.clock()
+        response = await inner(request)
+        log_answer(gw, request, response, t0)
+        return response
+
+    return handle
 
 
 async def not_an_ops_endpoint(request: web.Request) -> web.Response:

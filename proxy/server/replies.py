@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import MatchInfoError, ResourceRoute, UrlMappingMatchInfo
 
 from ..gateway import Gateway
+from ..observe import Finished
 from ..observe.hub import Hub
 from ..routing.decision import HEADER, Decision
 
@@ -75,3 +77,35 @@ def answer_every_path(app: web.Application, handler: Callable[[web.Request], Awa
     route = app.router.add_route("*", r"/{tail:[\s\S]*}", handler)
     app.router.__class__ = _EveryPathRouter  # the same router; only its "no match" differs
     app.router.catch_all = route  # type: ignore[attr-defined]
+
+
+def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamResponse, t0: float) -> None:
+    """Hand an answer that was not routed (401, 404, models, health, a parser's 400…) to the observers, with
+    its id, size and error code, so the access log has a line for every answer."""
+    log_refused(gw, request.remote or "-", request.method, request.path, response, t0)
+
+
+def log_refused(gw: Gateway, remote: str, method: str, path: str, response: web.StreamResponse, t0: float) -> None:
+    """``log_answer`` for what the listener answered itself (a parser's 400, a head's 408, the cap's 503)."""
+    body = getattr(response, "body", None)
+    size = len(body) if isinstance(body, bytes) else (response.content_length or 0)
+    error = None
+    if response.status >= 400 and isinstance(body, bytes):
+        error = _error_code(body)
+    rid = response.headers.get("x-request-id")
+    now = gw.clock()
+    gw.outbox.finished(Finished(None, time.time() - (now - t0), remote, method, path,
+                                response.status, "", False, now - t0, now - t0, size, error, rid))
+
+
+def _error_code(body: bytes) -> str | None:
+    """The ``code`` (else ``type``) of an OpenAI- or Anthropic-shape error body."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code") or error.get("type")
+    return code if isinstance(code, str) else None

@@ -152,7 +152,7 @@ class AnthropicStreamToOpenAI(JsonEventFeed):
 
     def _on_block_start(self, index: int, block: Json) -> bytes:
         if block.get("type") == "text" and block.get("text") and self.json_tool is None:
-            return self._chunk({"content": block["text"]})
+            return self._chunk({"content": _text(block["text"])})
         if block.get("type") != "tool_use":
             return b""
         if self.json_tool is not None and block.get("name") == self.json_tool:
@@ -169,10 +169,10 @@ class AnthropicStreamToOpenAI(JsonEventFeed):
 
     def _on_block_delta(self, index: int, delta: Json) -> bytes:
         if delta.get("type") == "text_delta" and delta.get("text") and self.json_tool is None:
-            return self._chunk({"content": delta["text"]})
+            return self._chunk({"content": _text(delta["text"])})
         if index in self._json_blocks and delta.get("type") == "input_json_delta":
             text = delta.get("partial_json")
-            return self._chunk({"content": text}) if text else b""
+            return self._chunk({"content": _text(text)}) if text else b""
         if delta.get("type") == "input_json_delta" and delta.get("partial_json"):
             call = {
                 "index": self._tool_index.get(index, 0),
@@ -249,3 +249,11 @@ def anthropic_error_to_openai(status: int, body: bytes) -> bytes:
     text = body[:500].decode("utf-8", "replace").strip()
     message = f"Anthropic upstream answered {status}" + (f": {text}" if text else "")
     return error_body(message, error_type(status), code=code or f"upstream_{status}")
+
+
+def _text(value: Any) -> str:
+    """Text an Anthropic event carries, for a chat chunk's ``content``: a string, or the event is of
+    the wrong types (a TypeError, which the feed tells as such) and never ``"content": 5``."""
+    if type(value) is not str:
+        raise TypeError(value)
+    return value

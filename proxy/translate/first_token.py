@@ -23,6 +23,7 @@ import orjson
 
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
+from .chunk_types import SUSPECT, chunk_problem
 from .sse import Event, data_of, event_end, fields, opened
 
 __all__ = [
@@ -94,7 +95,8 @@ class FirstToken:
             # first event is one data line that already carries content.
             end = data.find(b"\n\n")
             at = data.find(b'"content":"', 0, end)
-            if at > 0 and data[at + 11] != 0x22 and data.find(b'"error"', 0, end) < 0:
+            if (at > 0 and data[at + 11] != 0x22 and data.find(b'"error"', 0, end) < 0
+                    and SUSPECT.search(data, 0, end) is None):  # no field of another type (chunk_types.py)
                 # Compact JSON with a non-empty "content" string: unescaped quotes are structure,
                 # so this is content, known without parsing the event.
                 self.held = data
@@ -105,7 +107,8 @@ class FirstToken:
                 except orjson.JSONDecodeError:
                     payload = None
                 if (type(payload) is dict and "error" not in payload and payload.get("object") != "error"
-                        and payload.get("type") != "error" and self.carries_content(None, payload)):
+                        and payload.get("type") != "error" and self.carries_content(None, payload)
+                        and chunk_problem(payload) is None):
                     self.held = opened(data, [(None, payload)], end + 2)
                     return True
         verdict = self._scan(data)
@@ -167,11 +170,19 @@ class FirstToken:
         error = error_of(payload)
         if error is not None:
             return UpstreamError(*error, raw)
+        problem = self.problem(payload)
+        if problem is not None:  # a client would read it as it is: elsewhere, while we still can
+            return Ended("malformed stream", f"an event before the first token has fields of the wrong types "
+                         f"({problem})", raw[:SAMPLE])
         self._events.append((name, payload))  # the translator after the gate takes it as it is
         return COMMITTED if self.carries_content(name, payload) else None
 
     def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         raise NotImplementedError
+
+    def problem(self, payload: dict[str, Any]) -> str | None:
+        """What in an event is wrongly typed for the wire format (None: nothing, or not checked)."""
+        return None
 
 
 _BEGINS_AS_CONTENT = re.compile(rb'"(?:content|text|delta|arguments|partial_json|thinking)"\s*:\s*"[^"]')
@@ -188,6 +199,9 @@ class OpenAIFirstToken(FirstToken):
 
     __slots__ = ()
     compact_content = True
+
+    def problem(self, payload: dict[str, Any]) -> str | None:
+        return chunk_problem(payload)
 
     def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         choices = payload.get("choices")
@@ -238,6 +252,15 @@ class AnthropicFirstToken(FirstToken):
                 return bool(block.get("thinking"))
             return kind != "text" or bool(block.get("text"))
         return kind in ("message_delta", "message_stop")
+
+    def problem(self, payload: dict[str, Any]) -> str | None:
+        """A text delta or text block whose text is not a string (translated, ``"content": 5``)."""
+        part = payload.get("delta") if payload.get("type") == "content_block_delta" else payload.get("content_block")
+        if type(part) is dict and part.get("type") in ("text_delta", "text"):
+            text = part.get("text")
+            if text is not None and type(text) is not str:
+                return f"{part['type']}.text is not a string"
+        return None
 
 
 _RESPONSES_HELD = frozenset({"response.created", "response.in_progress", "response.queued",

@@ -22,6 +22,7 @@ import orjson
 from ..bounds import MAX_EVENT_BYTES
 from ..errors import StreamError, StreamTooLarge
 from ..memory import trim
+from .chunk_types import chunk_problem
 
 __all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
            "JsonEventFeed", "Opening", "SseDecoder", "answer_lines", "data_frame", "data_of", "event_around",
@@ -143,15 +144,19 @@ def json_object(event: bytes) -> Json | None:
 
 # --- what a passthrough stream may carry -----------------------------------------------------
 
-# A line of a block that is neither a ``data`` nor an ``event`` line, nor blank (searched from
-# each newline: the block's first line is looked at apart).
-_ASIDE = re.compile(rb"\n(?!data[:\r\n]|event:|\r?\n|\Z)")
+# A line of a block that is neither a ``data`` line nor an ``event`` line of a plain name, nor blank
+# (searched from each newline: the block's first line is looked at apart). The APIs' event names are
+# lower case words joined by ``_`` and ``.`` (``content_block_delta``, ``response.output_text.delta``);
+# any other name is an upstream's own, which may carry anything (a key has capitals or digits).
+_ASIDE = re.compile(rb"\n(?!data[:\r\n]|event: ?[a-z_.]{1,64}\r?(?:\n|\Z)|\r?\n|\Z)")
+_PLAIN_EVENT = re.compile(rb"event: ?[a-z_.]{1,64}\r?(?:\n|\Z)")
 KEEP_ALIVE = b":\n\n"
 
 
 def _answer_line(line: bytes) -> bool:
-    """A ``data`` or ``event`` line, or a blank one (``\r`` left by a CRLF line end)."""
-    return line.startswith((b"data:", b"event:")) or line.rstrip(b"\r") in (b"", b"data")
+    """A ``data`` line, an ``event`` line of a plain name, or a blank one (``\r`` left by a CRLF)."""
+    return (line.startswith(b"data:") or line.rstrip(b"\r") in (b"", b"data")
+            or _PLAIN_EVENT.match(line) is not None)
 
 
 def answer_lines(block: bytes) -> bytes:
@@ -159,10 +164,12 @@ def answer_lines(block: bytes) -> bytes:
 
     A passthrough stream is otherwise relayed as it is, and an upstream's SSE comments
     (``: ...``), ``id:`` and ``retry:`` lines are not its answer: they may carry anything, the
-    key it was sent included, and no client of an LLM API needs them. A comment's text is cut (an
-    event that was only comments becomes a bare ``:``, so a keep-alive still keeps the
-    connection alive); any other line is dropped. Costs a search per block when there is none."""
-    if not block or (block.startswith((b"data:", b"event:")) and _ASIDE.search(block) is None):
+    key it was sent included, and no client of an LLM API needs them; nor is an ``event:`` name that
+    no API uses. A comment's text is cut (an event that was only comments becomes a bare ``:``, so
+    a keep-alive still keeps the connection alive); any other line is dropped. Costs a search per
+    block when there is none."""
+    if not block or ((block.startswith(b"data:") or _PLAIN_EVENT.match(block) is not None)
+                     and _ASIDE.search(block) is None):
         return block
     out = []
     for event in split_events(block):
@@ -351,6 +358,9 @@ class ChatChunkFeed(JsonEventFeed):
     ends_on_done = True
 
     def _on_event(self, name: str | None, event: Any) -> bytes:
+        problem = chunk_problem(event) if type(event) is dict else None
+        if problem is not None:  # translated, ``"content": 5`` would be an event of the wrong types too
+            raise self.stream_error(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
         return self._on_chunk(event)
 
     def _on_done(self) -> bytes:

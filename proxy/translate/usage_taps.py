@@ -19,8 +19,19 @@ import re
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
+from .chunk_types import RELAYED_SUSPECT, SUSPECT, chunk_problem
 from .first_token import error_of
-from .sse import EventFramer, answer_lines, data_frame, event_around, json_object, openai_error_event, split_events
+from .sse import (
+    INVALID_STREAM,
+    WRONG_TYPES,
+    EventFramer,
+    answer_lines,
+    data_frame,
+    event_around,
+    json_object,
+    openai_error_event,
+    split_events,
+)
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 
@@ -71,6 +82,8 @@ class OpenAIUsageTap:
             self._finished = True
         if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
             _raise_on_error_envelope(block)
+        if RELAYED_SUSPECT.search(block) is not None:  # a field of another type, maybe: parsed only then
+            _raise_on_wrong_types(block)
         if b'"usage"' not in block:
             return block
         found = _usage_objects(block)
@@ -146,6 +159,21 @@ def _raise_on_error_envelope(block: bytes) -> None:
         if error is not None:
             _, kind, message = error
             exc = OpenAIStreamError(message, kind)
+            exc.partial = b"".join(events[:i])
+            raise exc
+
+
+def _raise_on_wrong_types(block: bytes) -> None:
+    """A chunk whose fields have the wrong types after the first token (``"choices": "oops"``) ends
+    the stream with our own error event, as a translator's would: a client SDK cannot read it."""
+    events = split_events(block)
+    for i, event in enumerate(events):
+        if SUSPECT.search(event) is None:
+            continue
+        payload = json_object(event)
+        problem = chunk_problem(payload) if payload is not None else None
+        if problem is not None:
+            exc = OpenAIStreamError(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
             exc.partial = b"".join(events[:i])
             raise exc
 

@@ -111,8 +111,8 @@ def classify_status(status: int, headers: Mapping[str, str], overflow: bool,
 
 def classify_exception(exc: BaseException) -> Outcome:
     """Map a failure before commit to an outcome; unknown exceptions propagate."""
-    if isinstance(exc, Busy):
-        return BUSY
+    if isinstance(exc, Busy):  # with words: no place of a fleet's limit here (walk/limiter.py)
+        return BUSY if not exc.args else Outcome("busy", True, 503, str(exc.args[0]), counts=False)
     if isinstance(exc, BodyTooLarge | StreamTooLarge):
         return Outcome("oversized", True, 502, str(exc))
     failure = failure_of(exc)

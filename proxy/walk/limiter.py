@@ -11,14 +11,25 @@ with the walk, not in ``state/`` (which holds no asyncio).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 
 from ..config import Config
 
+log = logging.getLogger("firstbyte.limits")
+
 
 class Busy(Exception):
-    """The limit and its queue are full."""
+    """The limit and its queue are full; with words (``args[0]``), why else there is no place."""
+
+
+def no_place(limit: int) -> Busy:
+    """What the client reads when this instance holds no part of a fleet's limit (docs/adr/0016)."""
+    return Busy(f"provider concurrency limit: this gateway worker or instance holds no place of the "
+                f"provider's max_concurrent ({limit}), which is split among more workers and instances than it "
+                "has places; try again (another may take it), and tell the gateway's operator to set "
+                "max_concurrent at least to the number of workers and instances")
 
 
 class Limiter:
@@ -41,17 +52,19 @@ class Limiter:
         if self.limit == 0 or (self.active < cap and not self.waiters):
             self.active += 1
             return
-        if cap == 0 or len(self.waiters) >= self.queue:
-            raise Busy  # no share of the fleet's limit here: a waiter would have nothing to wait for
+        if cap == 0:
+            raise no_place(self.limit)  # no share of the fleet's limit here: a waiter would have nothing to wait for
+        if len(self.waiters) >= self.queue:
+            raise Busy
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         try:
-            await waiter  # wake() hands a place over: active is already counted
+            await waiter  # wake() hands a place over (active is already counted), or Busy
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # we were handed a place but will not use it
-            else:
+            if not waiter.done() or waiter.cancelled():
                 self.waiters.remove(waiter)
+            elif waiter.exception() is None:
+                self.release()  # we were handed a place but will not use it
             raise
 
     def release(self) -> None:
@@ -60,8 +73,16 @@ class Limiter:
 
     def wake(self) -> None:
         """Hand places to waiters while under the cap: after a release, or when this instance's
-        share of the fleet's limit grew (a member left, or the fleet link dropped)."""
+        share of the fleet's limit grew (a member left, or the fleet link dropped). A share that
+        fell to none (a member joined) will not grow while the members stay: its waiters are told
+        Busy now and fail over, rather than wait for a place that is not coming."""
         cap = self.cap()
+        if cap == 0 and self.limit:
+            while self.waiters:
+                waiter = self.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(no_place(self.limit))
+            return
         while self.waiters and self.active < cap:
             waiter = self.waiters.popleft()
             if not waiter.done():
@@ -77,6 +98,8 @@ class Limiters:
     def __init__(self) -> None:
         self.by_provider: dict[str, Limiter] = {}
         self.share: Callable[[int], int] | None = None
+        self.members: Callable[[], int] = lambda: 1  # the fleet's live members, this one included
+        self.placeless: set[str] = set()  # the providers whose limit leaves this instance no place (said once)
 
     def get(self, provider: str) -> Limiter | None:
         return self.by_provider.get(provider)
@@ -90,14 +113,36 @@ class Limiters:
             elif provider.max_concurrent:
                 limiters[name] = Limiter(provider.max_concurrent, provider.queue, self.share)
         self.by_provider = limiters
+        if self.share is not None:
+            self.placeless.clear()
+            self.wake()  # at a reload, a limit that leaves this instance no place is said again
 
-    def shared(self, share: Callable[[int], int] | None) -> None:
-        """Every limit from now on is the fleet's, split by ``share`` (None: each instance's own)."""
+    def shared(self, share: Callable[[int], int] | None, members: Callable[[], int] | None = None) -> None:
+        """Every limit from now on is the fleet's, split by ``share`` (None: each instance's own)
+        among ``members`` (what a warning names)."""
         self.share = share
+        if members is not None:
+            self.members = members
         for limiter in self.by_provider.values():
             limiter.share = share
         self.wake()
 
     def wake(self) -> None:
-        for limiter in self.by_provider.values():
+        """The members or the link changed: each limit re-split, and a share that became none said."""
+        for name, limiter in self.by_provider.items():
             limiter.wake()
+            if limiter.limit and limiter.cap() == 0:
+                if name not in self.placeless:
+                    self.placeless.add(name)
+                    self._warn(name, limiter.limit)
+            else:
+                self.placeless.discard(name)
+
+    def _warn(self, name: str, limit: int) -> None:
+        """Once each time it happens: at a start or reload, ``firstbyte check`` says it for a box's
+        workers (proxy/config/advice.py); a fleet of boxes is known here only."""
+        members = self.members()
+        log.warning("providers.%s.max_concurrent: %d is split among the fleet's %d live members (workers and "
+                    "instances) and this one holds no place: its calls to %s fail over at once (503 busy when "
+                    "the route has no other target) while the upstream may idle; set max_concurrent to at "
+                    "least %d (docs/adr/0016)", name, limit, members, name, members)

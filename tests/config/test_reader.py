@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
-from proxy.config import Hedge, load_config, parse_config
+from proxy.config import Hedge, load_config, parse_config, read_yaml
 from proxy.errors import ConfigError
 from proxy.routing.plan import Ask, plan
 from proxy.state import State
@@ -132,7 +132,8 @@ def test_load_fit_and_refresh_defaults_per_adr_0008(route: dict[str, Any], load_
     [
         pytest.param({"strategy": "fastest"}, Hedge(), id="fastest-saying-nothing-races-with-the-defaults"),
         pytest.param({"strategy": "fastest", "hedge": False}, None, id="fastest-hedge-false-does-not-race"),
-        pytest.param({"strategy": "fastest", "hedge": None}, None, id="fastest-hedge-null-does-not-race"),
+        pytest.param({"strategy": "fastest", "hedge": None}, Hedge(), id="fastest-bare-hedge-races-with-the-defaults"),
+        pytest.param({"strategy": "ordered", "hedge": None}, Hedge(), id="ordered-bare-hedge-races-as-hedge-{}"),
         pytest.param({"strategy": "fastest", "hedge": True}, Hedge(), id="hedge-true-is-the-defaults"),
         pytest.param({"strategy": "fastest", "hedge": {"max_extra": 0.05}}, Hedge(max_extra=0.05), id="told"),
         pytest.param({}, None, id="ordered-races-only-when-told"),
@@ -144,6 +145,16 @@ def test_a_fastest_route_races_unless_told_not_to(route: dict[str, Any], hedge: 
     raw = {"providers": {"s": {"kind": "simulated"}},
            "routes": {"chat": {"targets": [{"provider": "s", "model": "m"}], **route}}}
     assert parse_config(raw, env={}).routes["chat"].hedge == hedge
+
+
+@pytest.mark.parametrize("strategy", ["fastest", "ordered"])
+def test_a_bare_hedge_in_yaml_races_like_an_empty_one(strategy: str) -> None:
+    """``hedge:`` with nothing after it (its keys commented out, say) is YAML null: it names racing,
+    so it races with the defaults, as a bare ``cooldown:`` takes the cooldown's defaults."""
+    text = (f"providers: {{s: {{kind: simulated}}}}\nroutes:\n  chat:\n    strategy: {strategy}\n"
+            "    hedge:\n    #  after: p75\n    targets: [{provider: s, model: m}]\n")
+    route = parse_config(read_yaml(text, "routes.yaml"), env={}).routes["chat"]
+    assert route.hedge == Hedge() and route.fastest.load_fit is True
 
 
 def test_unset_key_env_excludes_its_targets_without_a_crash() -> None:

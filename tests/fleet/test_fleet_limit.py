@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from typing import Any
 
@@ -122,3 +123,45 @@ async def test_with_redis_down_each_worker_runs_its_own_limit(own_redis, upstrea
         for session, _ in kept:
             with contextlib.suppress(Exception):
                 await session.close()
+
+
+async def test_a_limit_below_the_workers_is_said_at_start_by_the_placeless_worker_and_at_reload(
+        redis_server, upstreams, boxes) -> None:
+    """``max_concurrent: 1`` on two workers: one of them holds no place and fails its calls over at
+    once while the upstream idles (docs/adr/0016). The supervisor says so once at the start and at a
+    reload (what to set instead), and the worker with no place says so when it finds itself without."""
+    up = Counting()
+    cfg = limited(redis_server, (await upstreams({PATH: up.handle})).url)
+    cfg["providers"]["up"]["max_concurrent"] = 1
+    box = await boxes(cfg)
+    advice = ("providers.up.max_concurrent: 1 is split among 2 workers (routes: chat); 1 of them gets no place, "
+              "so their calls to up fail over at once")
+    placeless = "providers.up.max_concurrent: 1 is split among the fleet's 2 live members"
+    deadline = time.monotonic() + 20
+    while box.log.read_text().count(placeless) < 1:
+        assert time.monotonic() < deadline, box.log.read_text()
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # a second worker that also said it would be a wrong warning
+    text = box.log.read_text()
+    assert text.count(advice) == 1 and text.count(placeless) == 1, text
+    assert "set max_concurrent to at least 2 (the fleet's whole limit, split: docs/adr/0016), or workers to " \
+           "at most 1" in text
+    kept = await pinned(box, 1)
+    try:  # one call at a time to each worker: the one without a place answers why, in words
+        answers = []
+        for session, _ in kept:
+            async with session.post(box.url + PATH, json={"model": "chat", "messages": []}) as resp:
+                answers.append((resp.status, orjson.loads(await resp.read())))
+    finally:
+        for session, _ in kept:
+            await session.close()
+    assert sorted(status for status, _ in answers) == [200, 503], answers
+    refused = next(body for status, body in answers if status == 503)["error"]
+    assert refused["code"] == "busy" and "holds no place of the provider's max_concurrent (1)" in refused["message"]
+    assert box.proc is not None
+    box.proc.send_signal(signal.SIGHUP)
+    while "reload passed to 2 workers" not in box.log.read_text():
+        assert time.monotonic() < deadline + 20, box.log.read_text()
+        await asyncio.sleep(0.05)
+    text = box.log.read_text()
+    assert text.count(advice) == 2 and text.count(placeless) == 2, text

@@ -245,6 +245,10 @@ async def test_a_request_aiohttps_parser_refuses_has_a_request_id_and_an_access_
                     observers=[recorder])
     status, headers, body = await exchange(p.port, post_head(len(CHAT), extra=extra), CHAT)
     assert_openai_error(status, body, 400, "http_400")
+    if b"br" in extra:  # what the client can do, not aiohttp's "Please install `Brotli`"
+        message = orjson.loads(body)["error"]["message"]
+        assert message == ("Malformed HTTP request: Content-Encoding brotli (br) is not supported: send the body "
+                           "as it is, or gzip or deflate it (Content-Encoding: gzip)"), message
     rid = headers.get("x-request-id")
     await until(lambda: bool(recorder.seen))
     assert rid and [(f.status, f.request_id, f.error) for f in recorder.seen] == [(400, rid, "http_400")]
@@ -308,3 +312,42 @@ async def test_at_the_cap_a_connection_silent_for_a_second_makes_room_for_a_new_
     assert data == b"" and guard.closed["evicted"] == 1 and guard.closed["over_capacity"] == 0
     for _, w in silent:
         w.close()
+
+
+async def test_the_listeners_own_408_and_503_have_a_request_id_and_an_access_log_line(upstreams, proxy):
+    """A reviewer's slow head (408) and a connection past the cap (503): answered by the listener before
+    any handler, they had no ``x-request-id`` and no access log line, so an operator could not find them."""
+    gate = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await gate.wait()
+        return web.json_response({})
+
+    up = await upstreams({"/v1/chat/completions": slow})
+    recorder = Recorder()
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                     "connections": {"max": 2, "keepalive_timeout": 30, "header_timeout": 0.3}},
+                    observers=[recorder])
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+    data, _ = await closed_within(reader, 3)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert_openai_error(408, body, 408, "header_timeout")
+    timed_out = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])["x-request-id"]
+    busy = [await asyncio.open_connection("127.0.0.1", p.port) for _ in range(2)]
+    for _, w in busy:
+        w.write(post_head(len(CHAT)) + CHAT)
+    while len(up.calls) < 2:
+        await asyncio.sleep(0.02)
+    status, headers, body = await exchange(p.port, post_head(len(CHAT)), CHAT)
+    assert_openai_error(status, body, 503, "too_many_connections")
+    over = headers.get("x-request-id")
+    gate.set()
+    for _, w in busy:
+        w.close()
+    await until(lambda: len([f for f in recorder.seen if f.decision is None]) >= 2)
+    assert [(f.status, f.request_id, f.error) for f in recorder.seen if f.decision is None] == [
+        (408, timed_out, "header_timeout"), (503, over, "too_many_connections")]
+    assert over and timed_out and over != timed_out

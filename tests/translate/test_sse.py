@@ -139,6 +139,11 @@ def test_a_first_read_that_is_all_content_is_held_as_it_is() -> None:
     pytest.param(b"data: x\r\n\r\n: c\r\n\r\n", b"data: x\r\n\r\n:\n\n", id="crlf-comment"),
     pytest.param(b"data: x\n\n: sk-cut", b"data: x\n\n:\n\n", id="unended-comment-at-the-end"),
     pytest.param(b"datax: sk\ndata: x\n\n", b"data: x\n\n", id="unknown-field-dropped"),
+    pytest.param(b"event: sk-Live-0123\ndata: x\n\n", b"data: x\n\n", id="event-name-no-api-uses-dropped"),
+    pytest.param(b"data: x\n\nevent: Key_9\r\ndata: y\r\n\r\n", b"data: x\n\ndata: y\r\n\r\n",
+                 id="a-later-odd-event-name-dropped"),
+    pytest.param(b"event: response.output_text.delta\r\ndata: x\r\n\r\n",
+                 b"event: response.output_text.delta\r\ndata: x\r\n\r\n", id="responses-name-kept"),
     pytest.param(b"", b"", id="empty"),
 ])
 def test_a_passthrough_block_keeps_only_its_answer_lines(block, kept):

@@ -82,3 +82,21 @@ async def test_a_member_with_no_share_of_the_fleets_limit_is_busy_at_once_not_qu
     with pytest.raises(Busy):
         await asyncio.wait_for(lim.acquire(), timeout=1.0)
     assert lim.active == 0 and not lim.waiters
+
+
+async def test_callers_queued_when_the_share_falls_to_none_fail_over_at_once() -> None:
+    # a member joined while this one's callers queued: its share of a limit of 1 is now none, and it
+    # stays none while the members stay, so they are told Busy (and fail over), not left waiting
+    part = {"now": 1}
+    lim = Limiter(limit=1, queue=4, share=lambda limit: part["now"])
+    await lim.acquire()
+    queued = [asyncio.create_task(lim.acquire()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert len(lim.waiters) == 2
+    part["now"] = 0
+    lim.wake()
+    done, _ = await asyncio.wait(queued, timeout=1.0)
+    assert len(done) == 2 and all(isinstance(task.exception(), Busy) for task in done)
+    assert lim.active == 1 and not lim.waiters  # the call already running keeps its place to its end
+    lim.release()
+    assert lim.active == 0

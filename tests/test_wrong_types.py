@@ -1,0 +1,102 @@
+"""OpenAI stream chunks whose fields have the wrong types (a reviewer's ``{"choices":"oops"}`` before valid
+content, ``{"delta":{"content":5}}``), before the first token: docs/DESIGN.md's failure rules say fail over
+while nothing has reached the client. Passthrough (the openai SDK on /v1/chat/completions) and translated
+(the anthropic SDK on /v1/messages) both get the next target's answer, and the decision names why.
+After the first token the stream ends with an error event instead (tests/test_relay.py's table)."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+from aiohttp import web
+
+from .anthropic_fakes import anthropic_provider, event, messages_handler, text_events
+from .conftest import chunk_event, decision_of, openai_provider, route_config
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+ASK = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+CHOICES = b'data: {"id":"c","object":"chat.completion.chunk","choices":"oops"}\n\n'
+CONTENT = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":5}}]}\n\n'
+ROLE = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+
+
+def streaming(*events: bytes):
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for one in events:
+            await response.write(one)
+        await response.write_eof()
+        return response
+
+    return handle
+
+
+GOOD = (ROLE, chunk_event("from-good"), chunk_event("", "stop"), b"data: [DONE]\n\n")
+
+
+async def two_targets(upstreams, proxy, opening: bytes):
+    bad = await upstreams({"/v1/chat/completions": streaming(
+        ROLE, opening, chunk_event("from-bad"), chunk_event("", "stop"), b"data: [DONE]\n\n")})
+    good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
+    return await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
+                                    {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
+
+
+WRONG = [pytest.param(CHOICES, id="choices-a-string-then-valid-content"),
+         pytest.param(CONTENT, id="content-a-number")]
+
+
+@pytest.mark.parametrize("opening", WRONG)
+async def test_a_wrongly_typed_chunk_before_the_first_token_fails_over_for_the_openai_sdk(upstreams, proxy,
+                                                                                         opening: bytes):
+    p = await two_targets(upstreams, proxy, opening)
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
+        words = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
+    finally:
+        await client.close()
+    assert "".join(w or "" for w in words) == "from-good"
+    decision = decision_of(dict(raw.headers))
+    (name, detail), served = decision.attempts[0], decision.served
+    assert (name, served) == ("bad", "good") and detail.startswith("malformed stream "), decision
+
+
+@pytest.mark.parametrize("opening", WRONG)
+async def test_a_wrongly_typed_chunk_before_the_first_token_fails_over_for_the_anthropic_sdk(upstreams, proxy,
+                                                                                            opening: bytes):
+    p = await two_targets(upstreams, proxy, opening)
+    client = anthropic.AsyncAnthropic(base_url=p.url, api_key="k", max_retries=0)
+    try:
+        raw = await client.messages.with_raw_response.create(**ASK, stream=True)
+        texts = [event.delta.text async for event in await raw.parse()
+                 if event.type == "content_block_delta" and event.delta.type == "text_delta"]
+    finally:
+        await client.close()
+    assert texts == ["from-good"]
+    decision = decision_of(dict(raw.headers))
+    (name, detail), served = decision.attempts[0], decision.served
+    assert (name, served) == ("bad", "good") and detail.startswith("malformed stream "), decision
+
+
+async def test_an_anthropic_text_that_is_not_a_string_before_the_first_token_fails_over(upstreams, proxy):
+    """Translated to chat, ``"text": 5`` would reach the openai SDK as ``"content": 5``."""
+    events = text_events(["from-bad"])
+    wrong = event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": 5}})
+    bad = await upstreams({"/v1/messages": messages_handler(events=[*events[:2], wrong, *events[2:]])})
+    good = await upstreams({"/v1/messages": messages_handler(words=["from-good"])})
+    p = await proxy(route_config([{"provider": "bad", "model": "c"}, {"provider": "good", "model": "c"}],
+                                 {"bad": anthropic_provider(bad.url), "good": anthropic_provider(good.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
+        words = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
+    finally:
+        await client.close()
+    assert "".join(w or "" for w in words) == "from-good"
+    decision = decision_of(dict(raw.headers))
+    (name, detail), served = decision.attempts[0], decision.served
+    assert (name, served) == ("bad", "good") and detail.startswith("malformed stream "), decision
