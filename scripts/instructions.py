@@ -33,12 +33,15 @@ per second of wall clock (in its own right: it is what an idle instance spends),
 figure with that background subtracted; the last is what a per-request goal is read on (the
 background per second is a cost too, reported beside it, not per call). ``--redis`` adds
 ``NAME-fleet`` for every version (this code and each ``--other``), each measured right after the
-same code without Redis, so a pair shares the machine's state of the moment.
+same code without Redis, so a pair shares the machine's state of the moment, and prints the stream
+entries each wrote while its calls were counted (per call and per second: the 50 ms send gap bounds
+them per second, so under callgrind each carries few calls' samples).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -49,6 +52,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
@@ -84,12 +89,14 @@ class Counted(NamedTuple):
     idle: float  # instructions per second of wall clock, idle, right after the calls
     net: float  # per call less the idle background of the calls' wall time
     secs: float  # the calls' wall time (counted)
+    entries: int | None = None  # fleet stream entries written while the calls were counted
 
 
 def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: bench.Loadgen, tmp: Path,
-            stream: bool, calls: int, seen: dict[str, int] | None = None) -> Counted:
+            stream: bool, calls: int, seen: dict[str, int] | None = None,
+            entries: Callable[[], int] | None = None) -> Counted:
     """Instructions per call, raw and less the idle background; ``seen``: the sink's and poller's
-    counts, whose counted window's share is printed."""
+    counts, whose counted window's share is printed; ``entries``: the fleet stream's length."""
     out = tmp / f"callgrind-{name}-{'stream' if stream else 'buffer'}.out"
     proc = callgrind(args, out, env, tmp / f"{name}.log")
     try:
@@ -98,11 +105,12 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
         body = dict(bench.BODY, model="one", stream=stream)
         run = {"op": "run", "url": url, "body": body, "stream": stream, "concurrency": 16, "warmup": 0}
         gen.call({**run, "requests": 200})
-        before = dict(seen or {})
+        before, length = dict(seen or {}), entries() if entries else 0
         start = control(proc.pid, "-i", "on")
         gen.call({**run, "requests": calls})
         secs = time.monotonic() - start
         control(proc.pid, "-i", "off")
+        written = entries() - length if entries else None
         if seen is not None:
             window = {k: v - before[k] for k, v in seen.items()}
             print(f"{name} {'streamed' if stream else 'buffered'}, in the counted window: {window}", file=sys.stderr)
@@ -117,7 +125,7 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
         proc.wait(60)
     counted, idle = total_instructions(out.with_name(out.name + ".1")), total_instructions(out)
     per_sec = idle / idle_secs
-    return Counted(counted / calls, per_sec, (counted - per_sec * secs) / calls, secs)
+    return Counted(counted / calls, per_sec, (counted - per_sec * secs) / calls, secs, written)
 
 
 def main() -> int:
@@ -140,6 +148,7 @@ def main() -> int:
         print("scripts/instructions needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-instr-"))
+    client = redis.Redis.from_url(args.redis) if args.redis else None
     procs = bench.Procs(tmp)
     gen: bench.Loadgen | None = None
     rows: dict[str, dict[str, Counted]] = {}
@@ -175,8 +184,10 @@ def main() -> int:
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")
-                if name.endswith("-fleet"):
+                entries: Callable[[], int] | None = None
+                if name.endswith("-fleet") and client is not None:
                     config["state"] = {"redis": args.redis, "fleet": f"instructions-{port}"}
+                    entries = functools.partial(client.xlen, f"firstbyte:instructions-{port}:events")
                 config_path.write_text(json.dumps(config))
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
@@ -184,7 +195,7 @@ def main() -> int:
                     seeing.watch(port, poll=name != "firstbyte-traces")
                 try:
                     rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls,
-                                                              seeing.seen if seeing else None)
+                                                              seeing.seen if seeing else None, entries)
                 finally:
                     if seeing is not None:
                         seeing.close()
@@ -218,6 +229,12 @@ def report(rows: dict[str, dict[str, Counted]], calls: int) -> None:
             ratios = [f[k].per_call / a[k].per_call for k in ("buffered", "streamed")]
             ratios += [f[k].net / a[k].net for k in ("buffered", "streamed")]
             print(f"{name:<22}" + "".join(f"{r - 1:>+9.1%}" for r in ratios))
+        print("\nfleet stream entries written while the calls were counted, per call (per second): each is an XADD"
+              "\nand an XREAD of it back; the 50 ms send gap bounds them per second, so at callgrind's pace they"
+              "\nfall on few calls each (at full speed, on tens)\n")
+        for name in fleets:
+            print(f"{name:<22}" + "".join(f"{c.entries / calls:>9.2f} ({c.entries / c.secs:4.1f}/s)"
+                                          for c in rows[name].values() if c.entries is not None))
 
 
 def table(rows: dict[str, dict[str, Counted]], value: Callable[[Counted], float], ratio: str) -> None:
