@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
 
 SETTLE = 2.0  # seconds between the counted calls and the counted idle, not counted
+WARM_SETTLE = 6.0  # after the warm-up, before counting: a fleet's cold start (claims on every route for 5 s) is over
 
 SEEING = ("firstbyte-traces", "firstbyte-status", "firstbyte-see")
 
@@ -105,6 +106,7 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
         body = dict(bench.BODY, model="one", stream=stream)
         run = {"op": "run", "url": url, "body": body, "stream": stream, "concurrency": 16, "warmup": 0}
         gen.call({**run, "requests": 200})
+        time.sleep(WARM_SETTLE)  # the same for every version: what is counted is the steady state
         before, length = dict(seen or {}), entries() if entries else 0
         start = control(proc.pid, "-i", "on")
         gen.call({**run, "requests": calls})
