@@ -24,7 +24,16 @@ from ..state.budget import START
 from ..state.snapshot import TargetFigures
 from ..state.tracker import MODES, STREAMED
 from .listener import ON_REFUSED
-from .replies import GATEWAY, HUB, answer_every_path, error_response, json_response, log_answer, log_refused, request_id
+from .replies import (
+    GATEWAY,
+    HUB,
+    answer_every_path,
+    error_response,
+    json_response,
+    log_answer,
+    refusals_logged,
+    request_id,
+)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -283,8 +292,7 @@ def build_ops_app(gw: Gateway, hub: Hub | None) -> web.Application:
     """The ``ops_listen`` app: health, readiness, metrics, /v1/health and explain, without client keys."""
     app = web.Application()
     app[GATEWAY] = gw
-    app[ON_REFUSED] = lambda remote, method, path, response: log_refused(gw, remote, method, path, response,
-                                                                         gw.clock())
+    app[ON_REFUSED] = refusals_logged(gw)
     add_ops_routes(app, hub)
     if hub is not None:
         from .status import add_status_routes  # status reads health_rows from here
