@@ -129,7 +129,9 @@ def health_rows(gw: Gateway) -> list[dict[str, Any]]:
 def last_changes(figures: TargetFigures, now: float) -> dict[str, Any]:
     """Which instance's event last changed the target's figure and its breaker, what it was and
     when (wall clock, UTC): ``by`` names the instance as its access log does (None outside a fleet,
-    where there is only this one)."""
+    where there is only this one). ``now`` must be read just before: the wall clock read here turns
+    the event's age into a time, and a ``now`` read earlier (explain's, before it planned) moved the
+    same event's stamp by as long as the planning took (12 ms once under load)."""
     wall = time.time()
     out: dict[str, Any] = {}
     for part, seen in (("figure", figures.figure_by), ("breaker", figures.breaker_by)):
@@ -202,7 +204,7 @@ def _explained(request: web.Request, rid: str) -> web.Response:
             "load_fit_s": round(load_fit(route.fastest, gw.state, target.key, mode), 4),
             "price": None if target.price is None else target.price.total,
             "quality": target.quality,
-            "last": last_changes(taken[target.name], now),
+            "last": last_changes(taken[target.name], gw.clock()),
             **signals.get(target.name, {}),
         })
     return json_response({
@@ -213,7 +215,8 @@ def _explained(request: web.Request, rid: str) -> web.Response:
         **({"hedge": _hedge(gw, route, planned.opening)} if route.hedge is not None else {}),
         "order": order,
         "excluded": [{"target": e.name, "reason": e.reason,
-                      **({"last": last_changes(taken[e.name], now)} if e.name in taken else {})} for e in d.excluded],
+                      **({"last": last_changes(taken[e.name], gw.clock())} if e.name in taken else {})}
+                     for e in d.excluded],
         "decision": d.header(),
     })
 
