@@ -10,6 +10,10 @@ they carry by kind (``s`` sample, ``n`` in-flight counts and heartbeat, ...). ``
 
     .venv/bin/python scripts/fleet_cost.py --redis redis://127.0.0.1:43000/0 [--alone] [--code DIR]
                                            [--instances 3] [--calls 3000] [--concurrency 12] [--stream]
+                                           [--idle 10]
+
+``--idle SECS`` then counts the same per second of an idle fleet (2 s after the calls, for SECS):
+what the link does per second and not per call (its heartbeat, measuring claims).
 
 A measurement, not a test: on a shared machine CPU per call moves by 10 % or more between runs;
 the counts of commands and entries do not depend on the machine much.
@@ -62,6 +66,14 @@ def commands(client: redis.Redis) -> Counter[str]:
     return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
 
 
+def idle(client: redis.Redis, pids: list[int], secs: float) -> tuple[Counter[str], float]:
+    """Redis commands and the instances' CPU seconds over ``secs`` of idle, 2 s after the calls."""
+    time.sleep(2.0)
+    before, cpu = commands(client), sum(bench.cpu_secs(pid) for pid in pids)
+    time.sleep(secs)
+    return commands(client) - before, sum(bench.cpu_secs(pid) for pid in pids) - cpu
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--redis", required=True, metavar="URL")
@@ -72,6 +84,7 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=12)
     p.add_argument("--stream", action="store_true", help="streamed calls (buffered by default)")
     p.add_argument("--port-base", type=int, default=0)
+    p.add_argument("--idle", type=float, default=0.0, metavar="SECS", help="then count SECS of idle, per second")
     p.add_argument("--profile", default=None, metavar="DIR", help="run each instance under cProfile, "
                    "writing DIR/firstbyte-N.prof at its end (CPU figures then include the profiler's)")
     args = p.parse_args()
@@ -108,6 +121,7 @@ def main() -> int:
         used = [bench.cpu_secs(pid) - c for pid, c in zip(pids, cpu, strict=True)]
         elapsed, sent = time.monotonic() - started, commands(client) - before
         entries: Any = [] if args.alone else client.xrange(stream, min=f"({last}")
+        quiet = idle(client, pids, args.idle) if args.idle else None
     finally:
         procs.stop_all()
         client.close()
@@ -121,6 +135,9 @@ def main() -> int:
     print("  Redis commands per call: " + ", ".join(f"{k} {v / n:.3f}" for k, v in sent.most_common()))
     print(f"  stream entries per call: {len(entries) / n:.3f}; events per call: "
           + ", ".join(f"{k} {v / n:.3f}" for k, v in events.most_common()))
+    if quiet is not None:
+        print(f"  idle, per second over {args.idle:g} s: CPU, all instances, {quiet[1] * 1000 / args.idle:.2f} ms; "
+              "Redis commands " + ", ".join(f"{k} {v / args.idle:.2f}" for k, v in quiet[0].most_common()))
     return 0 if answered == args.calls else 1
 
 

@@ -22,21 +22,44 @@ exports a full batch of 512 spans triggers, as at any rate above about 1,000 cal
 
 ``--other`` adds a firstbyte whose ``proxy`` package is in DIR (put first on
 PYTHONPATH), to compare two versions of the code in one run.
+
+**What is per call and what is per second.** Each process is also counted idle, right after its
+calls and a ``SETTLE`` pause not counted (what the calls left to do is theirs, not background),
+for as long as its calls took (a second callgrind part, ``callgrind_control --dump`` between the
+two). Under callgrind a call is about 100 times slower, so whatever a process does per
+second of wall clock (the fleet link's heartbeat and its read-back, measuring claims, timers) falls
+on 100 times fewer calls than at full speed. The tables print the raw figure, the idle background
+per second of wall clock (in its own right: it is what an idle instance spends), and the per-call
+figure with that background subtracted; the last is what a per-request goal is read on (the
+background per second is a cost too, reported beside it, not per call). ``--redis`` adds
+``NAME-fleet`` for every version (this code and each ``--other``), each measured right after the
+same code without Redis, so a pair shares the machine's state of the moment, and prints the stream
+entries each wrote while its calls were counted (per call and per second: the 50 ms send gap bounds
+them per second, so under callgrind each carries few calls' samples).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
+
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # the process helpers are shared with scripts/bench
+
+SETTLE = 2.0  # seconds between the counted calls and the counted idle, not counted
+WARM_SETTLE = 6.0  # after the warm-up, before counting: a fleet's cold start (claims on every route for 5 s) is over
 
 SEEING = ("firstbyte-traces", "firstbyte-status", "firstbyte-see")
 
@@ -47,19 +70,34 @@ def callgrind(args: list[str], out: Path, env: dict[str, str], log: Path) -> sub
         env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=bench.ROOT)
 
 
-def total_instructions(out: Path) -> int:
+def total_instructions(path: Path) -> int:
+    """The instructions of one callgrind part (one dump file)."""
     total = 0
-    for path in out.parent.glob(out.name + "*"):
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith(("totals:", "summary:")):
-                total = max(total, int(line.split()[1]))
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            total = max(total, int(line.split()[1]))
     return total
 
 
+def control(pid: int, *args: str) -> float:
+    """callgrind_control; returns when it came back (monotonic)."""
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
+    return time.monotonic()
+
+
+class Counted(NamedTuple):
+    per_call: float  # instructions per call, raw
+    idle: float  # instructions per second of wall clock, idle, right after the calls
+    net: float  # per call less the idle background of the calls' wall time
+    secs: float  # the calls' wall time (counted)
+    entries: int | None = None  # fleet stream entries written while the calls were counted
+
+
 def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: bench.Loadgen, tmp: Path,
-            stream: bool, calls: int, seen: dict[str, int] | None = None) -> float:
-    """Instructions per call; ``seen``: the sink's and poller's counts, whose counted window's share
-    is printed."""
+            stream: bool, calls: int, seen: dict[str, int] | None = None,
+            entries: Callable[[], int] | None = None) -> Counted:
+    """Instructions per call, raw and less the idle background; ``seen``: the sink's and poller's
+    counts, whose counted window's share is printed; ``entries``: the fleet stream's length."""
     out = tmp / f"callgrind-{name}-{'stream' if stream else 'buffer'}.out"
     proc = callgrind(args, out, env, tmp / f"{name}.log")
     try:
@@ -68,17 +106,28 @@ def measure(name: str, args: list[str], env: dict[str, str], port: int, gen: ben
         body = dict(bench.BODY, model="one", stream=stream)
         run = {"op": "run", "url": url, "body": body, "stream": stream, "concurrency": 16, "warmup": 0}
         gen.call({**run, "requests": 200})
-        before = dict(seen or {})
-        subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+        time.sleep(WARM_SETTLE)  # the same for every version: what is counted is the steady state
+        before, length = dict(seen or {}), entries() if entries else 0
+        start = control(proc.pid, "-i", "on")
         gen.call({**run, "requests": calls})
-        subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
+        secs = time.monotonic() - start
+        control(proc.pid, "-i", "off")
+        written = entries() - length if entries else None
         if seen is not None:
             window = {k: v - before[k] for k, v in seen.items()}
             print(f"{name} {'streamed' if stream else 'buffered'}, in the counted window: {window}", file=sys.stderr)
+        control(proc.pid, "--dump")  # part 1: the calls; the counters start again from zero
+        time.sleep(SETTLE)  # what the calls left to do (an access log's flush, closing connections) is theirs
+        start = control(proc.pid, "-i", "on")
+        time.sleep(secs)
+        idle_secs = time.monotonic() - start
+        control(proc.pid, "-i", "off")
     finally:
         proc.terminate()
         proc.wait(60)
-    return total_instructions(out) / calls
+    counted, idle = total_instructions(out.with_name(out.name + ".1")), total_instructions(out)
+    per_sec = idle / idle_secs
+    return Counted(counted / calls, per_sec, (counted - per_sec * secs) / calls, secs, written)
 
 
 def main() -> int:
@@ -101,18 +150,21 @@ def main() -> int:
         print("scripts/instructions needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-instr-"))
+    client = redis.Redis.from_url(args.redis) if args.redis else None
     procs = bench.Procs(tmp)
     gen: bench.Loadgen | None = None
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, Counted]] = {}
     try:
         sim = bench.free_port()
         bench.simulate(procs, "sim", sim, 2.0, 0, 8)
         gen = bench.Loadgen()
-        versions: dict[str, str | None] = {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}
+        versions: dict[str, str | None] = {}
+        for name, path in {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}.items():
+            versions[name] = path
+            if args.redis:  # right after the same code alone: each pair shares the moment's machine
+                versions[f"{name}-fleet"] = path
         if "firstbyte-unhedged" in args.unhedged:
             versions["firstbyte-unhedged"] = None
-        if args.redis:
-            versions["firstbyte-fleet"] = None
         if args.see:
             versions["firstbyte-traces"] = None
             versions["firstbyte-status"] = None
@@ -134,8 +186,10 @@ def main() -> int:
                 if name in args.unhedged:
                     for route in config["routes"].values():
                         route.pop("hedge")
-                if name == "firstbyte-fleet":
+                entries: Callable[[], int] | None = None
+                if name.endswith("-fleet") and client is not None:
                     config["state"] = {"redis": args.redis, "fleet": f"instructions-{port}"}
+                    entries = functools.partial(client.xlen, f"firstbyte:instructions-{port}:events")
                 config_path.write_text(json.dumps(config))
                 env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
                 cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
@@ -143,7 +197,7 @@ def main() -> int:
                     seeing.watch(port, poll=name != "firstbyte-traces")
                 try:
                     rows.setdefault(name, {})[kind] = measure(name, cmd, env, port, gen, tmp, stream, args.calls,
-                                                              seeing.seen if seeing else None)
+                                                              seeing.seen if seeing else None, entries)
                 finally:
                     if seeing is not None:
                         seeing.close()
@@ -151,13 +205,47 @@ def main() -> int:
         if gen is not None:
             gen.close()
         procs.stop_all()
-    print(f"instructions per call (callgrind, {args.calls} calls at concurrency 16, thousands)\n")
-    print(f"{'':<18}{'buffered':>10}{'x floor':>9}{'streamed':>10}{'x floor':>9}")
+    report(rows, args.calls)
+    return 0
+
+
+def report(rows: dict[str, dict[str, Counted]], calls: int) -> None:
+    """Three tables: raw per call, the idle background per second, per call less it; and each
+    ``-fleet`` version against the same code without Redis."""
+    print(f"instructions per call (callgrind, {calls} calls at concurrency 16, thousands), raw\n")
+    table(rows, lambda c: c.per_call, "x floor")
+    print(f"\nidle background, thousands of instructions per second of wall clock (counted {SETTLE:g} s after the"
+          "\ncalls, as long as they took; seconds of the counted calls in brackets)\n")
+    print(f"{'':<22}{'buffered':>10}{'streamed':>19}")
     for name, row in rows.items():
         b, s = row["buffered"], row["streamed"]
-        print(f"{name:<18}{b / 1000:>10.0f}{b / rows['floor']['buffered']:>9.2f}"
-              f"{s / 1000:>10.0f}{s / rows['floor']['streamed']:>9.2f}")
-    return 0
+        print(f"{name:<22}{b.idle / 1000:>10.0f} ({b.secs:4.1f}s){s.idle / 1000:>10.0f} ({s.secs:4.1f}s)")
+    print("\ninstructions per call less the idle background of the calls' wall time (thousands):"
+          "\nwhat a per-request goal is read on\n")
+    table(rows, lambda c: c.net, "x floor")
+    fleets = [n for n in rows if n.endswith("-fleet") and n[:-6] in rows]
+    if fleets:
+        print("\nwith Redis / without, per call: raw buffered, streamed; less the idle background buffered, streamed\n")
+        for name in fleets:
+            f, a = rows[name], rows[name[:-6]]
+            ratios = [f[k].per_call / a[k].per_call for k in ("buffered", "streamed")]
+            ratios += [f[k].net / a[k].net for k in ("buffered", "streamed")]
+            print(f"{name:<22}" + "".join(f"{r - 1:>+9.1%}" for r in ratios))
+        print("\nfleet stream entries written while the calls were counted, per call (per second): each is an XADD"
+              "\nand an XREAD of it back; the 50 ms send gap bounds them per second, so at callgrind's pace they"
+              "\nfall on few calls each (at full speed, on tens)\n")
+        for name in fleets:
+            print(f"{name:<22}" + "".join(f"{c.entries / calls:>9.2f} ({c.entries / c.secs:4.1f}/s)"
+                                          for c in rows[name].values() if c.entries is not None))
+
+
+def table(rows: dict[str, dict[str, Counted]], value: Callable[[Counted], float], ratio: str) -> None:
+    print(f"{'':<22}{'buffered':>10}{ratio:>9}{'streamed':>10}{ratio:>9}")
+    floor = rows["floor"]
+    for name, row in rows.items():
+        b, s = value(row["buffered"]), value(row["streamed"])
+        print(f"{name:<22}{b / 1000:>10.0f}{b / value(floor['buffered']):>9.2f}"
+              f"{s / 1000:>10.0f}{s / value(floor['streamed']):>9.2f}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
 BLOCK_MS = 500  # the reader's blocking read
 HEARTBEAT = 0.5  # in-flight counts are told this often: the others know this instance is live (a limit's share)
 SEND_GAP = 0.05  # after an entry is sent, what comes within this long waits for the next (one entry, not many),
-URGENT = frozenset({"f", "o", "r"})  # except a failure, an opening or a cool-down (and a first sample): sent at once
+URGENT = frozenset({"f", "o", "r"})  # except a failure, an opening or a cool-down (and a first measure): at once
 READ_GAP = 0.02  # after a read that brought entries, the next waits this long (one wakeup for a burst)
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
@@ -129,11 +129,14 @@ class FleetLink:
             self.drops += 1
         self.outbox.append((event, time.time()))
         self.probes.heard(event)
-        if event[0] in URGENT or (self.measures.unmeasured and event[0] == "s"
-                                  and (self.fid_of.get(event[1]), event[2]) in self.measures.unmeasured):
-            self._urgent.set()
+        if event[0] in URGENT or (event[0] == "s" and (event[1], event[2]) in self.measures.unmeasured):
+            self._urgent.set()  # a first sample of this target in the mode: peers stop measuring it now
         if not self._wake.is_set():
             self._wake.set()
+
+    def asked(self, route: str, mode: str) -> None:
+        """A request for ``route`` in ``mode``: its measuring claims are kept (``measures.py``)."""
+        self.measures.asked(route, mode)
 
     def to_wall(self, mono: float) -> float:
         return time.time() + (mono - self.clock())

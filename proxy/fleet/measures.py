@@ -22,7 +22,13 @@ ever awaits Redis (docs/adr/0016, "One measure per target and mode"):
   has not folded the sample in yet still reads the target as being measured. One that went unused
   for ``UNUSED_SECS`` while the fleet answered in that mode is given back (deleted only if still
   ours): its holder gets no traffic, so another instance measures it; the holder does not take it
-  again for ``RETRY_SECS``. A holder that died blocks nobody longer than ``TTL``.
+  again until a route of it is asked for here. A holder that died blocks nobody longer than ``TTL``.
+- Claims only where there is traffic: until ``LIVE_GRACE`` after this instance's first request
+  (the cold start) every route and mode claims ahead; after, only the (route, mode) pairs this
+  instance was asked for. A claim given back unused is not taken again until one of its routes is
+  asked for in its mode. With nothing to claim or read the task sleeps (a route asked for anew, or
+  a reload, wakes it): an instance whose routes are measured, or get no traffic, sends Redis nothing
+  for them (docs/adr/0016, amendment "what is per call and what is per second").
 - Redis down: the link drops, the set is emptied (``dropped``), and each instance measures for
   itself as it does alone.
 """
@@ -30,6 +36,7 @@ ever awaits Redis (docs/adr/0016, "One measure per target and mode"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config, Route, TargetKey
@@ -48,7 +55,8 @@ QUIET_SECS = 1.0
 TTL = 3.0  # a claim lives this long unless renewed: a dead holder blocks nobody longer
 RENEW_SECS = 1.0
 UNUSED_SECS = 1.0  # a claim unused this long while the fleet answered in its mode goes back
-RETRY_SECS = 3.0  # a claim given back unused is not taken again by its holder for this long
+LIVE_GRACE = 5.0  # after this instance's first request, every route and mode still claims ahead this long
+IDLE_TICK = 2.0  # nothing to claim or read: look again this often (a route asked for anew wakes the task)
 
 Claim = tuple[str, str]  # (fleet id, mode)
 
@@ -62,15 +70,35 @@ class Measures:
         self.link = link
         self.held: dict[Claim, float] = {}  # claim -> when last used (or taken), this process's clock
         self.renewed: dict[Claim, float] = {}
-        self.retry_at: dict[Claim, float] = {}
+        self.idle: set[Claim] = set()  # given back unused: not taken again until a route of it is asked for
         self.routes: list[Route] = []
+        self.names: frozenset[str] = frozenset()
+        self.fresh: set[tuple[str, str]] = set()  # (route, mode) asked for since the last tick
+        self.live: set[tuple[str, str]] = set()  # ... since start
+        self.first_asked: float | None = None  # the tick that saw this instance's first request
+        self.routes_of: dict[Claim, set[str]] = {}  # the routes whose unmeasured targets a claim names
+        self.pending = True  # the last tick wanted some claim read or taken
+        self._wake = asyncio.Event()
         self.claims = 0  # won, since start
         self._seen: object = None  # what the last tick read: unmeasured, holders, in use
-        self.unmeasured: frozenset[Claim] = frozenset()  # as the last tick saw: a sample of one goes at once
+        # (target, mode) pairs without a figure, as the last tick saw: a sample of one (a first measure)
+        # goes to the peers at once. Local targets, not fleet ids: one upstream named twice, one of the
+        # names measured, would make every sample of the measured one urgent.
+        self.unmeasured: frozenset[tuple[TargetKey, str]] = frozenset()
         self._changed_at = 0.0
 
     def configure(self, config: Config) -> None:
         self.routes = [r for r in config.routes.values() if r.strategy == "fastest"]
+        self.names = frozenset(r.name for r in self.routes)
+        self._wake.set()
+
+    def asked(self, route: str, mode: str) -> None:
+        """A request for ``route`` in ``mode`` (the request path: a set lookup, nothing awaited)."""
+        pair = (route, mode)
+        if pair not in self.fresh and route in self.names:
+            self.fresh.add(pair)
+            if pair not in self.live:
+                self._wake.set()
 
     def dropped(self) -> None:
         """The link is down: our claims expire on their own; nobody else's binds us."""
@@ -85,18 +113,26 @@ class Measures:
 
     async def run(self) -> None:
         while True:
-            quiet = self.link.clock() - self._changed_at > QUIET_SECS
-            await asyncio.sleep(QUIET_TICK if quiet else TICK)
+            if not self.pending:  # nothing unmeasured where there is traffic: sleep until asked
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(IDLE_TICK):
+                        await self._wake.wait()
+            else:
+                quiet = self.link.clock() - self._changed_at > QUIET_SECS
+                await asyncio.sleep(QUIET_TICK if quiet else TICK)
+            self._wake.clear()
             await self.tick()
 
     async def tick(self) -> None:
         """Read the claims of what is unmeasured, tend ours, take one ahead per mode."""
         link, now = self.link, self.link.clock()
-        wanted = self._unmeasured(now)
-        self.unmeasured = frozenset(wanted)
+        unmeasured = self._unmeasured(now)
+        self.unmeasured = frozenset((key, claim[1]) for claim, keys in unmeasured.items() for key in keys)
+        wanted = self._wanted(unmeasured, now)
+        self.pending = bool(wanted)
         for claim in [c for c in self.held if c not in wanted]:
-            # Measured (or no longer measurable): left to expire, not deleted, so a peer whose view
-            # lacks the sample yet still reads it as being measured instead of free to measure again.
+            # Measured (or no longer measurable, or no traffic here): left to expire, not deleted, so a
+            # peer whose view lacks the sample yet still reads it as being measured, not free to measure.
             self.held.pop(claim, None)
             self.renewed.pop(claim, None)
         if not wanted:
@@ -126,6 +162,7 @@ class Measures:
         order, with the local targets it names."""
         link, state = self.link, self.link.state
         out: dict[Claim, list[TargetKey]] = {}
+        routes_of: dict[Claim, set[str]] = {}
         for route in self.routes:
             for target in route.targets:
                 fid = link.fid_of.get(target.key)
@@ -136,7 +173,22 @@ class Measures:
                         keys = out.setdefault((fid, mode), [])
                         if target.key not in keys:
                             keys.append(target.key)
+                        routes_of.setdefault((fid, mode), set()).add(route.name)
+        self.routes_of.update(routes_of)  # kept for claims given back, until their route is asked for
         return out
+
+    def _wanted(self, unmeasured: dict[Claim, list[TargetKey]], now: float) -> dict[Claim, list[TargetKey]]:
+        """The claims worth reading and holding: those of routes with traffic here (every route's
+        during the cold start), less those given back unused until their route is asked for again."""
+        fresh, self.fresh = self.fresh, set()
+        self.live |= fresh
+        if fresh and self.first_asked is None:
+            self.first_asked = now
+        for route, mode in fresh:
+            self.idle -= {c for c in self.idle if c[1] == mode and route in self.routes_of.get(c, ())}
+        cold = self.first_asked is None or now - self.first_asked < LIVE_GRACE
+        return {claim: keys for claim, keys in unmeasured.items() if claim not in self.idle and (
+            cold or any((route, claim[1]) in self.live for route in self.routes_of[claim]))}
 
     def _in_use(self, keys: list[TargetKey], mode: str) -> bool:
         """A call of this instance is measuring the target in the mode now."""
@@ -154,7 +206,7 @@ class Measures:
             if self._in_use(wanted[claim], claim[1]):
                 self.held[claim] = now
             elif now - used > UNUSED_SECS and self._answered_since(claim[1], used, now):
-                self.retry_at[claim] = now + RETRY_SECS
+                self.idle.add(claim)
                 await self._give_back(claim)
                 continue
             if now - self.renewed.get(claim, 0.0) > RENEW_SECS:
@@ -181,7 +233,7 @@ class Measures:
             if any(m == mode and not self._in_use(wanted[(f, m)], m) for f, m in self.held):
                 continue
             for claim in free:
-                if claim[1] != mode or self.retry_at.get(claim, 0.0) > now:
+                if claim[1] != mode:
                     continue
                 assert link.redis is not None
                 if await link.redis.set(self._key(claim), link.instance, nx=True, px=int(TTL * 1000)):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["Probes"]
 
 TICK = 0.02  # how often half-open breakers are looked at while some breaker is open or a claim held
-IDLE_TICK = 0.5  # ... while none is (an opening, ours or a peer's, wakes the task at once)
+IDLE_TICK = 5.0  # ... while none is: an opening, ours or a peer's, wakes the task at once (a safety net)
 UNUSED_SECS = 1.0  # a claim no call used by then goes back to the fleet
 RETRY_SECS = 0.25  # after losing a claim (or giving back an unused one), wait this long to try again
 MAX_TTL = 120.0
@@ -75,7 +75,7 @@ class Probes:
         while True:
             if self._busy():
                 await asyncio.sleep(TICK)
-            else:  # nothing open, nothing held: 2 wakeups a second, not 50 (docs/adr/0016, "cost per call")
+            else:  # nothing open, nothing held: one wakeup in 5 s, not 50 a second (docs/adr/0016)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(IDLE_TICK):
                         await self._wake.wait()

@@ -104,6 +104,24 @@ def row_of(finished: Finished, instance: str = "") -> Row | None:
     )
 
 
+OPEN_TIMEOUT = 5.0  # seconds another process may hold the file while this one opens it
+
+
+def _into_wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL, waiting out another process doing the same. SQLite answers this pragma
+    "database is locked" at once, without its busy handler, when a second process is switching a
+    new file too: two workers started together failed about 1 open in 15 so (a test repeats it)."""
+    deadline = time.monotonic() + OPEN_TIMEOUT
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 class Ledger:
     """Observer that stores each decision in SQLite through one writer thread.
 
@@ -191,8 +209,8 @@ class Ledger:
     # -- the writer thread -------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn = sqlite3.connect(self.path, timeout=OPEN_TIMEOUT, isolation_level=None)
+        _into_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
         columns = {row[1] for row in conn.execute("PRAGMA table_info(decisions)")}

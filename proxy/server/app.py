@@ -37,7 +37,7 @@ from .dialect import ANTHROPIC, OPENAI, Dialect, dialect_of, error_bytes, reshap
 from .keys import key_accepted, key_refused
 from .listener import ON_REFUSED
 from .ops import explain, health, healthz, metrics, model, models, ready
-from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, log_answer, log_refused, request_id
+from .replies import GATEWAY, HUB, JSON, answer_every_path, error_response, log_answer, refusals_logged, request_id
 from .request import check_model, estimate_tokens, parse_call, pin_of, read_body
 from .status import add_status_routes
 
@@ -133,6 +133,8 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ask = Ask(ex.rid, model, pin_of(request), tokens, ex.op,
               STREAMED if call.stream else BUFFERED)
     planned = plan(config, ask, gw.state, gw.clock(), gw.rng(model))
+    if gw.fleet is not None:  # the routes with traffic keep their measuring claims (fleet/measures.py)
+        gw.fleet.asked(model, ask.mode)
     decision = ex.decision = planned.decision  # what is logged if the client leaves during the walk
     if not planned.targets:
         return _nothing_eligible(ex, decision, planned.unservable)
@@ -326,8 +328,7 @@ def build_app(gw: Gateway, hub: Hub | None = None, *, manage: bool = True) -> we
     """The main app. ``manage=False`` when the caller starts and closes the gateway itself."""
     app = web.Application(client_max_size=1 << 40)
     app[GATEWAY] = gw
-    app[ON_REFUSED] = lambda remote, method, path, response: log_refused(gw, remote, method, path, response,
-                                                                         gw.clock())
+    app[ON_REFUSED] = refusals_logged(gw)
     add_probes(app, gw, hub)
     if hub is not None:
         add_status_routes(app, main=True)  # the status page, refused while client keys are set

@@ -85,6 +85,11 @@ def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamRespon
     log_refused(gw, request.remote or "-", request.method, request.path, response, t0)
 
 
+def refusals_logged(gw: Gateway) -> Callable[[str, str, str, web.StreamResponse], None]:
+    """An app's ``ON_REFUSED`` (server/listener.py): what its listener answered itself, to the access log."""
+    return lambda remote, method, path, response: log_refused(gw, remote, method, path, response, gw.clock())
+
+
 def log_refused(gw: Gateway, remote: str, method: str, path: str, response: web.StreamResponse, t0: float) -> None:
     """``log_answer`` for what the listener answered itself (a parser's 400, a head's 408, the cap's 503)."""
     body = getattr(response, "body", None)

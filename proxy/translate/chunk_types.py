@@ -12,7 +12,9 @@ a JSON string are escaped, so answer text cannot match it; a match is only a rea
 event and ask :func:`chunk_problem`, which decides. It cost 3.2 µs a chunk against the passthrough tap's
 whole 7.0 (a loaded 2-core box, process time), so a passthrough stream after its first token is searched
 with ``RELAYED_SUSPECT`` only, which has a literal start (a C-speed scan) and finds what client SDKs
-trip on first, ``choices`` that is not a list and ``content`` that is not a string: 1.2 µs.
+trip on first, ``choices`` that is not a list and ``content`` that is not a string: 1.2 µs (a 64 KB read
+of 256 chunks: 154 µs of the tap's 393). Two searches of one literal each cost the same; an alternation
+without a literal start, 5x more.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from proxy.fleet import measures
 from proxy.fleet.link import HEARTBEAT, SEND_GAP
 from proxy.fleet.wire import stream_key
 
@@ -266,3 +267,84 @@ async def test_a_breaker_opening_does_not_wait_for_the_send_gap(redis_server, up
     (at, opening), = [(at, e) for at, e in sent if e[0] == "o"]
     opened = opening[2] - opening[3]  # its deadline less its cooldown: when it opened, wall clock
     assert at - opened < SEND_GAP / 2, at - opened  # sent at once, not after what is left of the gap
+
+
+async def test_only_a_first_measure_skips_the_send_gap(redis_server, upstreams, proxy) -> None:
+    """One upstream named twice (same base_url and model: one fleet id), one name measured, the other
+    never asked: the measured one's samples are no first measures and wait for the gap like any other
+    (each went at once when the claims' fleet id decided, one entry per call)."""
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(redis_server, fleet, {"a": up.url, "b": up.url})
+    raw["routes"] = {"chat": {"strategy": "fastest", "targets": [{"provider": "a", "model": "m"}]},
+                     "both": {"strategy": "fastest", "targets": [{"provider": p, "model": "m"} for p in "ab"]}}
+    (p,) = await fleet_of(1, proxy, raw)
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await post(session, p) == 200  # a's first measure (buffered)
+            await asyncio.sleep(0.3)  # the measures' tick has seen a measured and b not
+            first = (await client.xrevrange(stream_key(fleet), count=1))[0][0]
+            start = time.monotonic()
+            calls = 0
+            while time.monotonic() - start < 1.0:  # one after another: each call ends before the next
+                assert await post(session, p) == 200
+                calls += 1
+        await asyncio.sleep(2 * SEND_GAP)
+        elapsed = time.monotonic() - start
+        entries = await client.xrange(stream_key(fleet), min=f"({first.decode()}")
+    finally:
+        await client.aclose()
+    assert calls > 3 * elapsed / SEND_GAP, calls  # the check below can tell one entry per call apart
+    assert len(entries) <= elapsed / SEND_GAP + elapsed / HEARTBEAT + 2, (len(entries), calls, elapsed)
+
+
+# What the link does while nothing needs it (docs/adr/0016, "what is per call and what is per
+# second"): a route that gets no traffic here holds no measuring claim and costs Redis nothing, and a
+# route asked for anew takes its claims at once.
+GRACE = 0.5
+
+
+async def slow(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    await asyncio.sleep(0.6)
+    return await ok(request)
+
+
+async def claim_commands(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("mget", "set", "eval", "evalsha"))
+
+
+async def test_a_route_without_traffic_holds_no_claim_and_costs_redis_nothing(own_redis, upstreams, proxy,
+                                                                              monkeypatch) -> None:
+    monkeypatch.setattr(measures, "LIVE_GRACE", GRACE, raising=False)  # the cold start's claims ahead, shortened
+    a = await upstreams({"/v1/chat/completions": ok})
+    b = await upstreams({"/v1/chat/completions": slow})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(own_redis, fleet, {"a": a.url, "b": b.url})
+    raw["routes"] = {"chat": {"strategy": "fastest", "targets": [{"provider": "a", "model": "m"}]},
+                     "other": {"strategy": "fastest", "targets": [{"provider": "b", "model": "m"}]}}
+    (p,) = await fleet_of(1, proxy, raw)
+    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        held = (await p.get("/v1/health"))[1]["fleet"]["measuring"]
+        assert held, "a cold instance claims ahead on every route"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):  # traffic on chat, buffered only: a measured in that mode
+                assert await post(session, p) == 200
+            await asyncio.sleep(GRACE + measures.TTL + 0.5)  # what is not renewed expires
+            assert await client.keys(f"firstbyte:{fleet}:measure:*") == []
+            assert (await p.get("/v1/health"))[1]["fleet"]["measuring"] == []
+            before = await claim_commands(client)
+            await asyncio.sleep(1.5)
+            assert await claim_commands(client) - before == 0  # no MGET, no renewal: the task sleeps
+            # Asked for anew: the route's claims are taken again, without waiting for a tick.
+            asking = asyncio.create_task(session.post(p.url + "/v1/chat/completions", json={**CHAT, "model": "other"}))
+            took = await until(lambda: any(h.startswith("buffered") for h in p.gateway.fleet.measures.status()),
+                               0.5)
+            assert took < 0.4, took
+            async with await asking as resp:
+                assert resp.status == 200
+    finally:
+        await client.aclose()

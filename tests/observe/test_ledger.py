@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -260,3 +263,34 @@ async def test_a_race_is_recorded_and_an_older_ledger_gains_the_column(tmp_path:
     assert row["race"] == "groq(leader), openai(hedge 0.40s)"
     assert row["instance"] == "box-1-ab12"
     assert row["attempts"] == "groq(lost 0.50s), openai(200 0.20s)"
+
+
+def _open_at_once(path: str, barrier: Any, out: Any) -> None:
+    async def run() -> None:
+        ledger = Ledger(path, retention_days=1, queue_size=8)
+        barrier.wait()
+        try:
+            await ledger.start()
+        except sqlite3.Error as exc:
+            out.put(repr(exc))
+            return
+        await ledger.close()
+        out.put("opened")
+
+    asyncio.run(run())
+
+
+def test_processes_opening_one_new_ledger_at_once_all_open_it(tmp_path: Path) -> None:
+    """Two workers start together on a new file: each opens it (SQLite refused the WAL switch of
+    one in about 15 such pairs with "database is locked", without waiting, and the worker failed)."""
+    ctx = multiprocessing.get_context("fork")
+    got: list[str] = []
+    for i in range(40):
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_open_at_once, args=(str(tmp_path / f"{i}.db"), barrier, out)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=30)
+        got += [out.get(timeout=5) for _ in procs]
+    assert got == ["opened"] * 80
