@@ -68,9 +68,9 @@ class Reader:
 
     def number(self, data: dict[str, Any], key: str, path: str, default: float | None, *,
                low: float | None = None, high: float | None = None, integer: bool = False) -> Any:
-        value = data.get(key, default)
-        if value is None:
-            return None
+        value = data.get(key)
+        if value is None:  # unset, or a bare ``key:`` (YAML null): the default, as a bare section takes its own
+            return default
         kind = "a whole number" if integer else "a number"
         if isinstance(value, bool) or not isinstance(value, int | float) or (
             integer and not isinstance(value, int)
@@ -86,9 +86,9 @@ class Reader:
 
     def string(self, data: dict[str, Any], key: str, path: str, default: str | None,
                choices: tuple[str, ...] | None = None) -> Any:
-        value = data.get(key, default)
-        if value is None:
-            return None
+        value = data.get(key)
+        if value is None:  # as in ``number``: a null never reaches the model where it has a default
+            return default
         if not isinstance(value, str):
             return self._refuse(f"{path}.{key}", f"expected a string, got {show(value)}", default)
         if choices is not None and value not in choices:

@@ -157,6 +157,47 @@ def test_a_bare_hedge_in_yaml_races_like_an_empty_one(strategy: str) -> None:
     assert route.hedge == Hedge() and route.fastest.load_fit is True
 
 
+@pytest.mark.parametrize(
+    ("yaml_line", "read"),
+    [
+        pytest.param("hedge: {max_extra: }", lambda c: c.routes["chat"].hedge, id="hedge-max-extra"),
+        pytest.param("hedge: {refresh: null, cap: ~}", lambda c: c.routes["chat"].hedge, id="hedge-refresh-cap"),
+        pytest.param("cooldown: {failures: , secs: }", lambda c: c.routes["chat"].cooldown, id="cooldown"),
+        pytest.param("fastest: {alpha: , max_age_secs: , explore: }", lambda c: c.routes["chat"].fastest,
+                     id="fastest"),
+        pytest.param("strategy:", lambda c: c.routes["chat"].strategy, id="strategy"),
+    ],
+)
+def test_a_bare_key_takes_its_default_as_a_bare_section_does(yaml_line: str, read: Any) -> None:
+    """``max_extra:`` with its value commented out is YAML null, as a bare ``hedge:`` is: the default,
+    not None (which passed the reader and then failed every request with a 500 TypeError)."""
+    route = "    strategy: fastest\n" if not yaml_line.startswith("strategy") else ""
+    bare = (f"providers: {{s: {{kind: simulated}}}}\nroutes:\n  chat:\n{route}    {yaml_line}\n"
+            "    targets: [{provider: s, model: m}]\n")
+    unset = bare.replace(f"    {yaml_line}\n", "")
+    assert read(parse_config(read_yaml(bare, "routes.yaml"), env={})) == read(
+        parse_config(read_yaml(unset, "routes.yaml"), env={}))
+
+
+def test_bare_timeouts_and_target_keys_take_their_defaults() -> None:
+    text = ("providers: {s: {kind: simulated, timeouts: {connect: , first_chunk: , idle: , total: }}}\n"
+            "routes: {chat: {targets: [{provider: s, model: m, retry: , weight: }]}}\n")
+    config = parse_config(read_yaml(text, "routes.yaml"), env={})
+    target = config.routes["chat"].targets[0]
+    assert (target.retry, target.weight) == (0, 1.0)
+    assert config.providers["s"].timeouts == parse_config(
+        read_yaml("providers: {s: {kind: simulated}}\nroutes: {chat: {targets: [{provider: s, model: m}]}}\n",
+                  "routes.yaml"), env={}).providers["s"].timeouts
+
+
+def test_check_prints_a_bare_max_extra_as_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text("providers: {s: {kind: simulated}}\nroutes:\n  chat:\n    strategy: fastest\n"
+                    "    hedge: {max_extra: }\n    targets: [{provider: s, model: m}]\n")
+    assert main(["check", "--config", str(path)]) == 0
+    assert "races: after p90, max_extra 0.1," in capsys.readouterr().out
+
+
 def test_unset_key_env_excludes_its_targets_without_a_crash() -> None:
     raw = {
         "providers": {
