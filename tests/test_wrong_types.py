@@ -100,3 +100,26 @@ async def test_an_anthropic_text_that_is_not_a_string_before_the_first_token_fai
     decision = decision_of(dict(raw.headers))
     (name, detail), served = decision.attempts[0], decision.served
     assert (name, served) == ("bad", "good") and detail.startswith("malformed stream "), decision
+
+
+# A key spelt with a JSON escape (``c\u006fntent`` is ``content``) is the same key to a client's parser, the
+# last of two the one it keeps: here content is an object. The gate's lean first-read path judged the event by
+# its bytes (a ``"content":"x"`` and no suspect field) and committed it unparsed.
+ESCAPED = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+           b'"delta":{"content":"x","c\\u006fntent":{"a":1}}}]}\n\n')
+
+
+async def test_a_key_spelt_with_an_escape_is_judged_as_the_client_reads_it(upstreams, proxy):
+    bad = await upstreams({"/v1/chat/completions": streaming(ESCAPED, b"data: [DONE]\n\n")})
+    good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
+                                 {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
+        words = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
+    finally:
+        await client.close()
+    assert "".join(w or "" for w in words) == "from-good"
+    decision = decision_of(dict(raw.headers))
+    assert decision.attempts[0][1].startswith("malformed stream ") and decision.served == "good", decision

@@ -96,9 +96,11 @@ class FirstToken:
             end = data.find(b"\n\n")
             at = data.find(b'"content":"', 0, end)
             if (at > 0 and data[at + 11] != 0x22 and data.find(b'"error"', 0, end) < 0
-                    and SUSPECT.search(data, 0, end) is None):  # no field of another type (chunk_types.py)
+                    and SUSPECT.search(data, 0, end) is None  # no field of another type (chunk_types.py)
+                    and data.find(b"\\u", 0, end) < 0):  # no key spelt with an escape SUSPECT cannot see
                 # Compact JSON with a non-empty "content" string: unescaped quotes are structure,
-                # so this is content, known without parsing the event.
+                # so this is content, known without parsing the event. An escape (``c\\u006fntent``,
+                # or text escaped as ASCII) sends the event to the parse below, once per stream.
                 self.held = data
                 return True
             if end > 0 and data.find(b"\n", 0, end) < 0:
