@@ -164,6 +164,10 @@ _PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
     pytest.param("anthropic", "/v1/chat/completions", _START + _TEXT,
                  b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
                  b'"delta":{"type":"text_delta","text":5}}\n\n', "wrong types", id="anthropic-to-chat-text"),
+    pytest.param("anthropic", "/v1/messages", _START + _TEXT,
+                 b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                 b'"delta":{"type":"text_delta","text":5}}\n\n', "(text_delta.text is not a string)",
+                 id="anthropic-passthrough-text"),
 ])
 async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_person_can_act_on(
         upstreams, proxy, kind, path, opening, wrong, said):

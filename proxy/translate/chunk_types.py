@@ -22,13 +22,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["RELAYED_SUSPECT", "SUSPECT", "chunk_problem"]
+__all__ = ["RELAYED_SUSPECT", "SUSPECT", "TEXT_SUSPECT", "chunk_problem", "text_problem"]
 
 SUSPECT = re.compile(rb'"(?:choices"\s*:\s*(?:[^\[\sn]|\[\s*[^{\]\s])|(?:tool_calls"\s*:\s*[^\[\sn])'
                      rb'|delta"\s*:\s*[^{\sn]'
                      rb'|(?:content|role|refusal|reasoning_content|finish_reason|text)"\s*:\s*[^"\sn\[])')
 
 RELAYED_SUSPECT = re.compile(rb'"c(?:ontent"\s*:\s*[^"\sn\[]|hoices"\s*:\s*[^\[\sn])')
+
+# An Anthropic event whose ``text`` may not be a string (``"type":"text"`` is followed by no colon): a literal
+# start, so a passthrough Anthropic stream is searched with it after its first token at C speed.
+TEXT_SUSPECT = re.compile(rb'"text"\s*:\s*[^"\s]')
 
 _DELTA_TEXT = ("content", "role", "refusal", "reasoning_content")
 
@@ -59,6 +63,17 @@ def chunk_problem(chunk: dict[str, Any]) -> str | None:
             value = choice.get(key)
             if value is not None and type(value) is not str:
                 return f"a choice's {key} is {_kind(value)}, not a string"
+    return None
+
+
+def text_problem(payload: dict[str, Any]) -> str | None:
+    """An Anthropic text delta or text block whose text is not a string (the anthropic SDK joins the
+    texts: ``"text": 5`` is its TypeError; translated, ``"content": 5``); None when there is none."""
+    part = payload.get("delta") if payload.get("type") == "content_block_delta" else payload.get("content_block")
+    if type(part) is dict and part.get("type") in ("text_delta", "text"):
+        text = part.get("text")
+        if text is not None and type(text) is not str:
+            return f"{part['type']}.text is not a string"
     return None
 
 

@@ -23,7 +23,7 @@ import orjson
 
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
-from .chunk_types import SUSPECT, chunk_problem
+from .chunk_types import SUSPECT, chunk_problem, text_problem
 from .sse import Event, data_of, event_end, fields, opened
 
 __all__ = [
@@ -256,13 +256,7 @@ class AnthropicFirstToken(FirstToken):
         return kind in ("message_delta", "message_stop")
 
     def problem(self, payload: dict[str, Any]) -> str | None:
-        """A text delta or text block whose text is not a string (translated, ``"content": 5``)."""
-        part = payload.get("delta") if payload.get("type") == "content_block_delta" else payload.get("content_block")
-        if type(part) is dict and part.get("type") in ("text_delta", "text"):
-            text = part.get("text")
-            if text is not None and type(text) is not str:
-                return f"{part['type']}.text is not a string"
-        return None
+        return text_problem(payload)
 
 
 _RESPONSES_HELD = frozenset({"response.created", "response.in_progress", "response.queued",

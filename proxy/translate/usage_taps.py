@@ -19,7 +19,7 @@ import re
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
-from .chunk_types import RELAYED_SUSPECT, SUSPECT, chunk_problem
+from .chunk_types import RELAYED_SUSPECT, SUSPECT, TEXT_SUSPECT, chunk_problem, text_problem
 from .first_token import error_of
 from .sse import (
     INVALID_STREAM,
@@ -178,6 +178,21 @@ def _raise_on_wrong_types(block: bytes) -> None:
             raise exc
 
 
+def _raise_on_wrong_text(block: bytes) -> None:
+    """An Anthropic text that is not a string after the first token ends the stream with our own
+    error event, as the OpenAI tap's wrong types do (docs/apis.md): a client SDK cannot join it."""
+    events = split_events(block)
+    for i, event in enumerate(events):
+        if TEXT_SUSPECT.search(event) is None:
+            continue
+        payload = json_object(event)
+        problem = text_problem(payload) if payload is not None else None
+        if problem is not None:
+            exc = AnthropicStreamError(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
+            exc.partial = b"".join(events[:i])
+            raise exc
+
+
 class AnthropicUsageTap:
     """Count an Anthropic stream relayed as it is (``/v1/messages`` to an Anthropic target).
 
@@ -196,6 +211,8 @@ class AnthropicUsageTap:
         block = answer_lines(self._framer.complete(data))
         if b'"message_stop"' in block:
             self.done = True
+        if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
+            _raise_on_wrong_text(block)
         if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
             return block
         events = split_events(block)
