@@ -10,7 +10,7 @@ reload for targets that still exist.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,10 @@ from .snapshot import TargetFigures, snapshot
 from .tracker import BUFFERED, DEMOTE_MARGIN, STREAMED, Tracker
 
 HISTORY = 100  # recent attempts kept per target for the health share
+# Targets that only a client's pin names (``provider/any-model``), no route: each costs a few KB, and
+# a client naming a new model every call grew memory without bound (10,000 names: +36 MB). Beyond this
+# many, the least recently asked is forgotten (unless a call is in flight on it).
+UNLISTED_MAX = 1024
 
 Listener = Callable[[tuple[Any, ...]], None]
 """Hears each change made through the door as a small tuple (the fleet link publishes them):
@@ -65,12 +69,31 @@ class State:
         # (target, mode) another instance holds the measuring claim of (fleet/measures.py): being
         # measured elsewhere, as a local call in flight would be; empty alone (fail open).
         self.measuring: frozenset[tuple[TargetKey, str]] = frozenset()
+        self.listed: set[TargetKey] = set()  # the config's targets, never forgotten while listed
+        self._unlisted: OrderedDict[TargetKey, None] = OrderedDict()  # pinned only, least recent first
 
     def target(self, key: TargetKey) -> TargetState:
         ts = self.targets.get(key)
         if ts is None:
             ts = self.targets[key] = TargetState(key, Breaker(self.gated))
+        if key not in self.listed:
+            self._unlisted[key] = None
+            self._unlisted.move_to_end(key)
+            if len(self._unlisted) > UNLISTED_MAX:
+                self._forget_unlisted(key)
         return ts
+
+    def _forget_unlisted(self, keep: TargetKey) -> None:
+        """Forget the least recently asked pinned target that no call is using."""
+        for key in self._unlisted:
+            ts = self.targets.get(key)
+            if key != keep and (ts is None or ts.in_flight == 0):
+                del self._unlisted[key]
+                if ts is not None:
+                    del self.targets[key]
+                    ts.retired = True  # a late sample of it measures nobody
+                self.tracker.forget(key)
+                return
 
     # -- the one door: every change to what is remembered ---------------------------------------
 
@@ -264,6 +287,8 @@ class State:
         for key in list(self.targets):
             if key not in keys:
                 self.targets.pop(key).retired = True
+        self.listed = keys
+        self._unlisted.clear()
         self.tracker.retain(keys)
         self.budgets = {name: b for name, b in self.budgets.items() if name in config.routes}
         self.tracker.stale_after = max(

@@ -274,6 +274,11 @@ class Tracker:
         series = self.modes[mode].get(key)
         return 0 if series is None else len(series.samples)
 
+    def forget(self, key: TargetKey) -> None:
+        """Forget one target (a pinned one past ``UNLISTED_MAX``, state/__init__.py)."""
+        for by_key in self.modes.values():
+            by_key.pop(key, None)
+
     def retain(self, keys: set[TargetKey]) -> None:
         """Forget targets a reloaded config no longer has."""
         for by_key in self.modes.values():

@@ -192,3 +192,29 @@ def test_the_fleet_hears_a_lost_race_as_its_bound_lifted_over_the_winner() -> No
     state.censored(ts, 0.14, 2.0, STREAMED, behind=0.2)
     state.censored(ts, 0.3, 3.0, STREAMED)
     assert told == [("c", KEY, STREAMED, pytest.approx(0.21)), ("c", KEY, STREAMED, 0.3)]
+
+
+def test_targets_only_a_pin_names_are_bounded_least_recently_asked_first() -> None:
+    """A client naming a new ``provider/model`` every call grew memory without bound (a reviewer's
+    10,000 names: +36 MB); past ``UNLISTED_MAX`` the least recently asked idle one is forgotten,
+    while a listed target, or one with a call in flight, is kept."""
+    from proxy.state import UNLISTED_MAX
+
+    state = State()
+    state.listed = {("p", "listed")}
+    listed = state.target(("p", "listed"))
+    state.first_token(listed, 0.2, 1.0, STREAMED, 0)
+    busy = state.target(("p", "busy"))
+    state.call_admitted(busy, False)
+    asked_again = ("p", "pin-0")
+    for i in range(UNLISTED_MAX + 500):
+        ts = state.target(("p", f"pin-{i}"))
+        state.first_token(ts, 0.3, 1.0, STREAMED, 0)
+        state.target(asked_again)  # asked all along: the most recent, never the one forgotten
+    unlisted = [k for k in state.targets if k != ("p", "listed")]
+    assert len(unlisted) == UNLISTED_MAX
+    assert ("p", "listed") in state.targets and state.tracker.samples(("p", "listed")) == 1
+    assert ("p", "busy") in state.targets and asked_again in state.targets
+    assert ("p", "pin-1") not in state.targets and state.tracker.samples(("p", "pin-1")) == 0
+    assert (("p", f"pin-{UNLISTED_MAX + 499}")) in state.targets
+    assert sum(len(by_key) for by_key in state.tracker.modes.values()) <= UNLISTED_MAX + 1
