@@ -49,37 +49,42 @@ WRONG = [pytest.param(CHOICES, id="choices-a-string-then-valid-content"),
          pytest.param(CONTENT, id="content-a-number")]
 
 
-@pytest.mark.parametrize("opening", WRONG)
-async def test_a_wrongly_typed_chunk_before_the_first_token_fails_over_for_the_openai_sdk(upstreams, proxy,
-                                                                                         opening: bytes):
-    p = await two_targets(upstreams, proxy, opening)
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+async def openai_reads(url: str) -> tuple[str, dict[str, str]]:
+    """The text the openai SDK streams from ``url``, and the answer's headers."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
     try:
         raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
         words = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
     finally:
         await client.close()
-    assert "".join(w or "" for w in words) == "from-good"
-    decision = decision_of(dict(raw.headers))
-    (name, detail), served = decision.attempts[0], decision.served
-    assert (name, served) == ("bad", "good") and detail.startswith("malformed stream "), decision
+    return "".join(w or "" for w in words), dict(raw.headers)
 
 
-@pytest.mark.parametrize("opening", WRONG)
-async def test_a_wrongly_typed_chunk_before_the_first_token_fails_over_for_the_anthropic_sdk(upstreams, proxy,
-                                                                                            opening: bytes):
-    p = await two_targets(upstreams, proxy, opening)
-    client = anthropic.AsyncAnthropic(base_url=p.url, api_key="k", max_retries=0)
+async def anthropic_reads(url: str) -> tuple[str, dict[str, str]]:
+    """The text the anthropic SDK streams from ``url`` (translated from chat), and the headers."""
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
     try:
         raw = await client.messages.with_raw_response.create(**ASK, stream=True)
         texts = [event.delta.text async for event in await raw.parse()
                  if event.type == "content_block_delta" and event.delta.type == "text_delta"]
     finally:
         await client.close()
-    assert texts == ["from-good"]
-    decision = decision_of(dict(raw.headers))
+    return "".join(texts), dict(raw.headers)
+
+
+def failed_over(headers: dict[str, str]) -> None:
+    decision = decision_of(headers)
     (name, detail), served = decision.attempts[0], decision.served
     assert (name, served) == ("bad", "good") and detail.startswith("malformed stream "), decision
+
+
+@pytest.mark.parametrize("opening", WRONG)
+@pytest.mark.parametrize("reads", [openai_reads, anthropic_reads], ids=["openai-sdk", "anthropic-sdk"])
+async def test_a_wrongly_typed_chunk_before_the_first_token_fails_over(upstreams, proxy, opening: bytes, reads):
+    p = await two_targets(upstreams, proxy, opening)
+    text, headers = await reads(p.url)
+    assert text == "from-good"
+    failed_over(headers)
 
 
 async def test_an_anthropic_text_that_is_not_a_string_before_the_first_token_fails_over(upstreams, proxy):
@@ -90,16 +95,9 @@ async def test_an_anthropic_text_that_is_not_a_string_before_the_first_token_fai
     good = await upstreams({"/v1/messages": messages_handler(words=["from-good"])})
     p = await proxy(route_config([{"provider": "bad", "model": "c"}, {"provider": "good", "model": "c"}],
                                  {"bad": anthropic_provider(bad.url), "good": anthropic_provider(good.url)}))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
-        words = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
-    finally:
-        await client.close()
-    assert "".join(w or "" for w in words) == "from-good"
-    decision = decision_of(dict(raw.headers))
-    (name, detail), served = decision.attempts[0], decision.served
-    assert (name, served) == ("bad", "good") and detail.startswith("malformed stream "), decision
+    text, headers = await openai_reads(p.url)
+    assert text == "from-good"
+    failed_over(headers)
 
 
 # A key spelt with a JSON escape (``c\u006fntent`` is ``content``) is the same key to a client's parser, the
@@ -114,12 +112,6 @@ async def test_a_key_spelt_with_an_escape_is_judged_as_the_client_reads_it(upstr
     good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
     p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
                                  {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        raw = await client.chat.completions.with_raw_response.create(**CHAT, stream=True)
-        words = [chunk.choices[0].delta.content async for chunk in raw.parse() if chunk.choices]
-    finally:
-        await client.close()
-    assert "".join(w or "" for w in words) == "from-good"
-    decision = decision_of(dict(raw.headers))
-    assert decision.attempts[0][1].startswith("malformed stream ") and decision.served == "good", decision
+    text, headers = await openai_reads(p.url)
+    assert text == "from-good"
+    failed_over(headers)

@@ -15,6 +15,8 @@ so such a client sees the stream it would have had without firstbyte.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
@@ -83,7 +85,7 @@ class OpenAIUsageTap:
         if b'"error"' in block:  # an answer's text cannot hold it: its quotes are escaped
             _raise_on_error_envelope(block)
         if RELAYED_SUSPECT.search(block) is not None:  # a field of another type, maybe: parsed only then
-            _raise_on_wrong_types(block)
+            _raise_on_wrong(block, SUSPECT, chunk_problem, OpenAIStreamError)
         if b'"usage"' not in block:
             return block
         found = _usage_objects(block)
@@ -163,32 +165,19 @@ def _raise_on_error_envelope(block: bytes) -> None:
             raise exc
 
 
-def _raise_on_wrong_types(block: bytes) -> None:
-    """A chunk whose fields have the wrong types after the first token (``"choices": "oops"``) ends
-    the stream with our own error event, as a translator's would: a client SDK cannot read it."""
+def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[dict[str, Any]], str | None],
+                    error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
+    """A field of the wrong type after the first token (``"choices": "oops"``, an Anthropic ``"text":
+    5``) ends the stream with our own error event, as a translator's would: a client SDK cannot read
+    it (docs/apis.md). Only an event ``suspect`` finds is parsed and judged."""
     events = split_events(block)
     for i, event in enumerate(events):
-        if SUSPECT.search(event) is None:
+        if suspect.search(event) is None:
             continue
         payload = json_object(event)
-        problem = chunk_problem(payload) if payload is not None else None
+        problem = judge(payload) if payload is not None else None
         if problem is not None:
-            exc = OpenAIStreamError(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
-            exc.partial = b"".join(events[:i])
-            raise exc
-
-
-def _raise_on_wrong_text(block: bytes) -> None:
-    """An Anthropic text that is not a string after the first token ends the stream with our own
-    error event, as the OpenAI tap's wrong types do (docs/apis.md): a client SDK cannot join it."""
-    events = split_events(block)
-    for i, event in enumerate(events):
-        if TEXT_SUSPECT.search(event) is None:
-            continue
-        payload = json_object(event)
-        problem = text_problem(payload) if payload is not None else None
-        if problem is not None:
-            exc = AnthropicStreamError(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
+            exc = error(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
             exc.partial = b"".join(events[:i])
             raise exc
 
@@ -212,7 +201,7 @@ class AnthropicUsageTap:
         if b'"message_stop"' in block:
             self.done = True
         if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
-            _raise_on_wrong_text(block)
+            _raise_on_wrong(block, TEXT_SUSPECT, text_problem, AnthropicStreamError)
         if b'"error"' not in block and _USAGE_OBJECT.search(block) is None:
             return block
         events = split_events(block)
