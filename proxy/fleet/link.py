@@ -43,8 +43,8 @@ __all__ = ["FleetLink", "instance_name"]
 log = logging.getLogger("firstbyte")
 
 TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
-BLOCK_MS = 500  # the reader's blocking read
-HEARTBEAT = 0.5  # one entry this often (wall-clock grid): the in-flight counts (this instance is live) and
+BLOCK_MS = 1200  # the reader's blocking read (the tick's entries, this instance's own included, end it sooner)
+HEARTBEAT = 1.0  # one entry this often (wall-clock grid): the in-flight counts (this instance is live) and
 #                  every sample since the last, so an instance's commands a second do not grow with its calls
 URGENT = frozenset({"f", "o", "r"})  # a failure, an opening or a cool-down (and a first measure): at once
 TICK_SLACK = 0.005  # a timer that fires this early is the tick
@@ -150,7 +150,7 @@ class FleetLink:
 
     def share(self, limit: int) -> int:
         """This instance's part of a fleet-wide limit: ``limit`` split among the live members (the
-        peers heard within 2 s and this one) in their names' order, the first ``limit % n`` one
+        peers heard within PEER_LOAD_SECS and this one) in their names' order, the first ``limit % n`` one
         more; all of it while alone. Read from memory: no request awaits Redis (docs/adr/0016)."""
         if not self.connected:
             return limit
