@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import os
 import random
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,10 +32,11 @@ from ..config import Config, StateLink, TargetKey
 from ..state import State
 from .fold import Peers, fold, split
 from .measures import Measures
+from .names import link_name
 from .probes import Probes
 from .wire import decode, dumps, encode, fleet_ids, stream_key
 
-__all__ = ["FleetLink", "instance_name"]
+__all__ = ["FleetLink"]
 
 log = logging.getLogger("firstbyte")
 
@@ -58,28 +56,6 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
 NOT_YET = "not connected yet"
 
 
-_NAMES: dict[int, str] = {}  # pid -> this process's name (a forked worker gets its own)
-_LINKS = itertools.count()
-
-
-def instance_name() -> str:
-    """Who this process is in the fleet, in its log lines and its ledger rows: host and pid (or
-    ``FIRSTBYTE_INSTANCE``, a pod's name) and a few random digits, new at each start (a restart is
-    another instance: it folds in what its previous life published)."""
-    pid = os.getpid()
-    name = _NAMES.get(pid)
-    if name is None:
-        base = os.environ.get("FIRSTBYTE_INSTANCE") or f"{socket.gethostname()}-{pid}"
-        name = _NAMES[pid] = f"{base}-{os.urandom(2).hex()}"
-    return name
-
-
-def _link_name() -> str:
-    """The process's name for its first link; a second gateway in one process (tests) is another."""
-    n = next(_LINKS)
-    return instance_name() if n == 0 else f"{instance_name()}-{n}"
-
-
 class FleetLink:
     def __init__(self, settings: StateLink, state: State, clock: Callable[[], float],
                  instance: str | None = None) -> None:
@@ -87,9 +63,10 @@ class FleetLink:
         self.settings = settings
         self.state = state
         self.clock = clock
-        self.instance = instance or _link_name()
+        self.instance = instance or link_name()
         self.stream = stream_key(settings.fleet)
         self.outbox: deque[tuple[tuple[Any, ...], float]] = deque()
+        self._sampled: set[tuple[TargetKey, str]] = set()  # (target, mode) this instance has told a sample of
         self.fid_of: dict[TargetKey, str] = {}
         self.keys_of: dict[str, list[TargetKey]] = {}
         self.peers = Peers()
@@ -130,8 +107,12 @@ class FleetLink:
             self.drops += 1
         self.outbox.append((event, time.time()))
         self.probes.heard(event)
-        if event[0] in URGENT or (event[0] == "s" and (event[1], event[2]) in self.measures.unmeasured):
-            self._urgent.set()  # a first sample of this target in the mode: peers stop measuring it now
+        series = (event[1], event[2]) if event[0] == "s" else None  # a first sample: peers know it at once
+        if series is not None and (series not in self._sampled or series in self.measures.unmeasured):
+            self._sampled.add(series)
+            self._urgent.set()
+        elif event[0] in URGENT:
+            self._urgent.set()
 
     def asked(self, route: str, mode: str) -> None:
         """A request for ``route`` in ``mode``: its measuring claims are kept (``measures.py``)."""

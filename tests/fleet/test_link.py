@@ -414,3 +414,38 @@ async def test_a_stop_sends_what_waits_for_the_tick(redis_server, upstreams, pro
         await client.aclose()
     events = [e for _, fields in entries for e in orjson.loads(fields[b"e"])]
     assert sum(e[0] == "s" for e in events) == 4, events
+
+
+async def test_a_busy_fleet_costs_redis_per_tick_not_per_call(own_redis, upstreams, proxy) -> None:
+    """Three instances under load: each writes one entry a tick (was one per 50 ms gap), and the ticks
+    share the wall clock's grid, so each reader gathers a tick's entries in a reply or few (it woke
+    for each entry, its own included: up to 50 times a second)."""
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(3, proxy, fleet_config(own_redis, fleet, {"up": up.url}))
+    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for p in ps:
+                assert await post(session, p) == 200
+            await asyncio.sleep(HEARTBEAT)
+            before, start = await stream_commands(client), time.monotonic()
+            turn = itertools.count()
+
+            async def caller() -> int:  # round-robin over the three, each call right after the last
+                calls = 0
+                while time.monotonic() - start < 2.5:
+                    assert await post(session, ps[next(turn) % 3]) == 200
+                    calls += 1
+                return calls
+
+            calls = sum(await asyncio.gather(*(caller() for _ in range(6))))
+            elapsed = time.monotonic() - start
+            after = await stream_commands(client)
+    finally:
+        await client.aclose()
+    ticks = elapsed / HEARTBEAT + 2
+    sent = {c: after[c] - before[c] for c in after}
+    assert calls > 2 * 3 * 3 * ticks, calls  # one command per call would fail the bounds twice over
+    assert sent["xadd"] <= 3 * ticks, (sent, calls, elapsed)
+    assert sent["xread"] <= 3 * 3 * ticks, (sent, calls, elapsed)
