@@ -293,9 +293,11 @@ class FleetLink:
                     await self._urgent.wait()
             self._urgent.clear()
             now = time.time()
-            if now >= tick - TICK_SLACK or self._beat_now:
+            if (after := served(now, tick)) is not None:
                 self._tell_loads()
-                tick = _next_tick(now)
+                tick = after
+            elif self._beat_now:  # a join: live at once, the grid kept
+                self._tell_loads()
             await self._send(len(self.outbox))  # what comes while sending waits for its turn
 
     async def _send(self, pending: int) -> None:
@@ -360,6 +362,12 @@ def _next_tick(now: float) -> float:
     """The heartbeat's next tick after ``now`` (wall clock): a multiple of HEARTBEAT, the same for
     every instance (boxes off by a clock skew batch less well together, nothing worse)."""
     return (now // HEARTBEAT + 1) * HEARTBEAT
+
+
+def served(now: float, tick: float) -> float | None:
+    """The tick after ``tick`` when ``now`` serves it (a timer may fire up to TICK_SLACK early: that
+    beat is this tick's, and the next is a whole tick away), else None (an urgent send before it)."""
+    return None if now < tick - TICK_SLACK else _next_tick(max(now, tick))
 
 
 def _why(exc: BaseException, settings: StateLink) -> str:
