@@ -11,7 +11,7 @@ bound as short as the winner's time would make it measured and hide it. A measur
 
 A leader still without a token at its hedge delay whose hedge the budget refused (``overdue``) is
 the same evidence, told at that moment rather than when the race is lost: its time so far, held
-behind the target the hedge would have started (docs/adr/0022, amendment). A hedge the budget paid
+behind the target the hedge would have started (docs/adr/0023, "An overdue leader"). A hedge the budget paid
 for tells it when the race ends instead (won or lost), so one call tells one bound at most.
 """
 

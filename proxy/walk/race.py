@@ -10,6 +10,9 @@ while nobody races (the leader's attempts run in the request's own task). A race
 - the leader has no first token by ``hedge.after``: the next target starts in a task of its
   own (once per request; measured like a learner when its look is due, ``routing/explore.py``).
   The deadline sweeper watches the timer: a request that never hedges arms none, starts no task.
+  Refused by the budget, the leader's time so far is a lower bound all the same, and the request
+  waits on it: when bounds demote that leader, every request waiting on it races at once on a
+  borrowed token (docs/adr/0023, "An overdue leader").
 
 Who races from the start, who pays and each leader's hedge delay are the plan's (``Opening``,
 ``routing/hedge.py``); the race runs them (:class:`Phase`, :class:`Hedging`) and records in the
@@ -237,7 +240,7 @@ class Race:
 
     def _rerace(self, demoted: Target) -> None:
         """``demoted`` has just been demoted: every request still waiting on it with its hedge refused
-        races the next target now, on a token of the bucket or a borrowed one (docs/adr/0022, amendment)."""
+        races the next target now, on a token of the bucket or a borrowed one (docs/adr/0023, "An overdue leader")."""
         for race in self.budget.waiting.pop((demoted.key, self.mode), ()):
             race.overdue = None
             if (race.leader is demoted and not race._won() and race.queue

@@ -337,7 +337,7 @@ def test_a_pin_has_no_race_to_plan() -> None:
     assert planned.opening is None
 
 
-# -- a leader past its hedge delay, unraced, is evidence (docs/adr/0022, amendment) -------------------------
+# -- a leader past its hedge delay, unraced, is evidence (docs/adr/0023, "An overdue leader") -------------------------
 
 
 def overdue_at(after: float, elapsed: float, hedge: str = "b") -> Any:

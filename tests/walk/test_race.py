@@ -876,7 +876,7 @@ async def _spent(upstreams: Any, proxy: Any, a: Timed, b: Timed) -> Any:
 
 
 async def test_a_degrading_leader_whose_hedges_the_budget_refuses_is_demoted_by_its_overdue_calls(upstreams, proxy):
-    """docs/adr/0022, amendment: two calls of the leader in a row past its p90 with the hedge refused
+    """docs/adr/0023, "An overdue leader": two calls of the leader in a row past its p90 with the hedge refused
     are two lower bounds, as two lost races are: a is demoted while its calls still run, so the next
     request leads with b. Before, a's own 250 ms answers reached its EWMA (alpha 0.1) a tenth at a
     time: after two of them a's figure read 80 ms, still ahead of b's 100 ms."""
@@ -892,7 +892,7 @@ async def test_a_degrading_leader_whose_hedges_the_budget_refuses_is_demoted_by_
 
 
 async def test_requests_waiting_on_a_leader_just_demoted_race_at_once_on_borrowed_tokens(upstreams, proxy):
-    """docs/adr/0022, amendment: the second overdue call demotes a; both calls still waiting on it
+    """docs/adr/0023, "An overdue leader": the second overdue call demotes a; both calls still waiting on it
     (their hedges refused) then start b, on tokens the route borrows and its next deposits repay.
     Each is served by b at about a's p90 + 100 ms, not by a at 250 ms. Before, both waited for a."""
     degraded = {"at": None}
