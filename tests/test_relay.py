@@ -168,6 +168,20 @@ _PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
                  b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
                  b'"delta":{"type":"text_delta","text":5}}\n\n', "(text_delta.text is not a string)",
                  id="anthropic-passthrough-text"),
+    # orjson cannot read these, nor can a client's parser (the openai SDK raised RecursionError, and
+    # ValueError past Python's 4,300 digits): they used to reach the client as they came
+    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
+                 b'data: {"choices":[{"index":0,"delta":{"content":' + b'{"a":' * 100_000 + b"1"
+                 + b"}" * 100_000 + b"}}]}\n\n",
+                 "an upstream event could not be read as JSON (depth limit exceeded", id="openai-passthrough-deep"),
+    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
+                 b'data: {"choices":[{"index":0,"delta":{"content":' + b"9" * 5_000_000 + b"}}]}\n\n",
+                 "an upstream event could not be read as JSON (number is infinity", id="openai-passthrough-digits"),
+    pytest.param("anthropic", "/v1/messages", _START + _TEXT,
+                 b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                 b'"delta":{"type":"text_delta","text":' + b"[" * 2000 + b"]" * 2000 + b"}}\n\n",
+                 "an upstream event could not be read as JSON (depth limit exceeded",
+                 id="anthropic-passthrough-deep"),
 ])
 async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_person_can_act_on(
         upstreams, proxy, kind, path, opening, wrong, said):

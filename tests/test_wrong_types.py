@@ -115,3 +115,19 @@ async def test_a_key_spelt_with_an_escape_is_judged_as_the_client_reads_it(upstr
     text, headers = await openai_reads(p.url)
     assert text == "from-good"
     failed_over(headers)
+
+
+# A reviewer's first event: content behind 5,000 nested objects. The lean path found ``"content":"hi"`` and
+# committed the event unparsed; the openai SDK's parser then raised RecursionError in the application.
+DEEP = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"x":'
+        + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b',"content":"hi"}}]}\n\n')
+
+
+async def test_a_first_event_nested_past_what_a_parser_reads_fails_over(upstreams, proxy):
+    bad = await upstreams({"/v1/chat/completions": streaming(DEEP, b"data: [DONE]\n\n")})
+    good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
+                                 {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
+    text, headers = await openai_reads(p.url)
+    assert text == "from-good"
+    failed_over(headers)

@@ -373,5 +373,5 @@ def _why(exc: BaseException, settings: StateLink) -> str:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return f"Redis at {settings.redis} did not answer within {TIMEOUT}s"
     if isinstance(exc, RedisError | OSError):
-        return f"Redis at {settings.redis} unreachable: {exc}"
+        return f"Redis at {settings.redis} unreachable: {str(exc).rstrip('.')}"  # the log line goes on after it
     return f"fleet link failed: {type(exc).__name__}: {exc}"

@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
@@ -29,6 +31,7 @@ from .sse import (
     EventFramer,
     answer_lines,
     data_frame,
+    data_of,
     event_around,
     json_object,
     openai_error_event,
@@ -169,15 +172,22 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
                     error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
     """A field of the wrong type after the first token (``"choices": "oops"``, an Anthropic ``"text":
     5``) ends the stream with our own error event, as a translator's would: a client SDK cannot read
-    it (docs/apis.md). Only an event ``suspect`` finds is parsed and judged."""
+    it (docs/apis.md). Only an event ``suspect`` finds is parsed and judged; one that orjson cannot
+    read (nested past 1,024 levels, a number past a double) would break the client's parser the same
+    way (the openai SDK raised ``RecursionError``), so it ends the stream too."""
     events = split_events(block)
     for i, event in enumerate(events):
         if suspect.search(event) is None:
             continue
-        payload = json_object(event)
-        problem = judge(payload) if payload is not None else None
-        if problem is not None:
-            exc = error(f"{WRONG_TYPES} ({problem})", INVALID_STREAM)
+        try:
+            payload = orjson.loads(data_of(event))
+        except orjson.JSONDecodeError as unread:
+            message = f"an upstream event could not be read as JSON ({unread})"
+        else:
+            problem = judge(payload) if type(payload) is dict else None
+            message = f"{WRONG_TYPES} ({problem})" if problem is not None else ""
+        if message:
+            exc = error(message, INVALID_STREAM)
             exc.partial = b"".join(events[:i])
             raise exc
 
