@@ -243,7 +243,7 @@ class Race:
         races the next target now, on a token of the bucket or a borrowed one (docs/adr/0023, "An overdue leader")."""
         for race in self.budget.waiting.pop((demoted.key, self.mode), ()):
             race.overdue = None
-            if (race.leader is demoted and not race._won() and race.queue
+            if (race.leader is not None and race.leader.key == demoted.key and not race._won() and race.queue
                     and (race.budget.withdraw(count=False) or race.budget.borrow())):
                 race._hedge()
 
