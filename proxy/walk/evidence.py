@@ -24,14 +24,15 @@ from ..state.tracker import BUFFERED, STREAMED
 
 
 def lower_bound(state: State, policy: Fastest, stream: bool, target: Target, started: float, now: float,
-                winner: Target | None = None, capped: bool = False) -> bool:
-    """Tell the state that ``target`` had no first token since ``started``, behind ``winner``; True
-    when that demoted it (two bounds in a row, ``state/tracker.py``)."""
+                winner: Target | None = None, capped: bool = False) -> bool | None:
+    """Tell the state that ``target`` had no first token since ``started``, behind ``winner``: True
+    when that demoted it (two bounds in a row, ``state/tracker.py``), False when it is held, None when
+    nothing was told."""
     mode = STREAMED if stream else BUFFERED
     key, elapsed = target.key, now - started
     figure = state.figure(key, policy, now, mode)
     if (figure is None and not capped) or (figure is not None and elapsed <= figure):
-        return False
+        return None
     # The winner's figure as ``fastest`` ranks it (a recovery's fast EWMA, not its stale average):
     # the loser goes behind where the order puts the winner, not behind an old paper figure.
     behind = None if winner is None else fastest_figures([winner], state, policy, now, mode)[winner.name]
@@ -39,11 +40,12 @@ def lower_bound(state: State, policy: Fastest, stream: bool, target: Target, sta
 
 
 def overdue(state: State, policy: Fastest, stream: bool, leader: Target, started: float, now: float,
-            hedge: Target) -> bool:
+            hedge: Target) -> bool | None:
     """``leader``, begun at ``started``, is past its hedge delay and the budget refused ``hedge``:
     its time so far is a lower bound, held behind ``hedge``'s figure. Not told while ``hedge`` is
-    unmeasured (nothing to rank behind: it is owed a measure of its own). True when it demoted."""
+    unmeasured (nothing to rank behind: it is owed a measure of its own). As ``lower_bound``: True
+    when it demoted, None when nothing was told (then the call may still tell a lost race)."""
     mode = STREAMED if stream else BUFFERED
     if fastest_figures([hedge], state, policy, now, mode)[hedge.name] is None:
-        return False
+        return None
     return lower_bound(state, policy, stream, leader, started, now, hedge)

@@ -90,6 +90,7 @@ class Race:
     timer: HedgeTimer | None = None
     changed: asyncio.Future[None] | None = None  # a racer finished (awaited in Phase.WAITING)
     overdue: tuple[TargetKey, str] | None = None  # waiting on this leader, its hedge refused (``_rerace``)
+    told = False  # the inline leader's overdue bound was told: one call, one bound
 
     def __init__(self, walker: Walker, route: Route, hedge: Hedge, opening: Opening, call: Call,
                  providers: Mapping[str, Provider], rescued: str | None, left: Left | None = None) -> None:
@@ -195,13 +196,14 @@ class Race:
             if self.phase is not Phase.CUTTING or task is None or task.uncancel():
                 raise  # the client left: every racer goes too
             before = self.inline.attempts[-2:-1]  # a lost race is evidence, unless a try of it failed
-            if self.winner is not None and not (before and before[0].name == target.name):
+            if self.winner is not None and not self.told and not (before and before[0].name == target.name):
                 self._bound(target, self.leader_started, self.winner.target)
             return False
         finally:
             self.leader = None
             if self.timer is not None:  # most leaders arm none: no call to disarm it
                 self._disarm()
+            self.told = False
             if self.overdue is not None:  # no longer waiting on this leader
                 self.budget.waiting.get(self.overdue, set()).discard(self)
                 self.overdue = None
@@ -226,8 +228,10 @@ class Race:
         leader, waiting = self.leader, self.budget.waiting
         self.overdue = (leader.key, self.mode)
         waiting.setdefault(self.overdue, set()).add(self)
-        if overdue(self.walker.state, self.route.fastest, self.call.stream, leader, self.leader_started,
-                   self.walker.clock(), self.queue[0]):
+        told = overdue(self.walker.state, self.route.fastest, self.call.stream, leader, self.leader_started,
+                       self.walker.clock(), self.queue[0])
+        self.told = told is not None  # its bound is told: should it lose a race later, that is not told again
+        if told:
             self._rerace(leader)
 
     def _hedge(self) -> None:

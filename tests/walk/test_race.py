@@ -908,6 +908,9 @@ async def test_requests_waiting_on_a_leader_just_demoted_race_at_once_on_borrowe
     assert all([n for n, role in d.race if role.startswith("hedge")] == ["b"] for d in both), [d.race for d in both]
     assert budget.owed == pytest.approx(owed + 2 - 2 * 0.001)  # two borrowed, less the two requests' deposits
     assert not budget.waiting.get((("a", "m"), "streamed"))  # nobody is left waiting on a
+    # One call, one bound: each told its overdue bound, and losing to its re-race later tells no second
+    # (a stalled call re-raced a second later would otherwise restart a's figure at a second).
+    assert p.gateway.state.tracker.held(("a", "m")) == 2
 
 
 async def test_a_leader_stalling_on_one_call_in_ten_with_its_hedges_refused_keeps_its_place(upstreams, proxy):
