@@ -33,6 +33,20 @@ FORWARDED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 _RENAMED = {"x-request-id": "x-upstream-request-id"}
 _PLAIN_CONNECTION = frozenset({"close", "keep-alive"})  # names no other header: nothing more to drop
 _NO_HOP: frozenset[str] = frozenset()
+# Each header name as an upstream spells it -> the name the client gets, None: dropped. Looked up
+# once per name, not lowered and matched against the list per header of every answer; bounded, since
+# an upstream chooses its names (past the bound a name is judged each time, as before).
+VERDICTS: dict[str, str | None] = {}
+VERDICTS_MAX = 1024
+_UNSEEN = "\0unseen"  # the look-up's default: no header name holds a NUL
+
+
+def _verdict(name: str) -> str | None:
+    lower = name.lower()
+    verdict = name if lower in FORWARDED or lower.startswith(FORWARDED_PREFIXES) else _RENAMED.get(lower)
+    if len(VERDICTS) < VERDICTS_MAX:
+        VERDICTS[name] = verdict
+    return verdict
 
 
 def forward_headers(upstream: Mapping[str, str], extra: Mapping[str, str],
@@ -43,14 +57,13 @@ def forward_headers(upstream: Mapping[str, str], extra: Mapping[str, str],
     named = upstream.get("connection")
     hop = _NO_HOP if named is None or named.lower() in _PLAIN_CONNECTION else frozenset(
         t.strip().lower() for t in named.split(","))
+    seen = VERDICTS.get
     for name, value in upstream.items():
-        lower = name.lower()
-        if lower in hop:
-            continue
-        if lower in FORWARDED or lower.startswith(FORWARDED_PREFIXES):
-            headers[name] = value
-        elif lower in _RENAMED:
-            headers[_RENAMED[lower]] = value
+        out = seen(name, _UNSEEN)
+        if out is _UNSEEN:
+            out = _verdict(name)
+        if out is not None and (not hop or name.lower() not in hop):
+            headers[out] = value
     if scrubber is not None and headers and scrubber.found("\n".join(headers.values())):
         headers = {name: scrubber.text(value) for name, value in headers.items()}
     headers.update(extra)

@@ -52,7 +52,7 @@ class ResponsesUsageTap:
         if any(marker in block for marker in _TERMINAL):
             self.done = True
             self._count(block)
-        elif b'"type":"error"' in block or b'"type": "error"' in block:
+        elif block.find(b'"type":"error"') >= 0 or block.find(b'"type": "error"') >= 0:  # find: usage_taps.py
             exc = ResponsesStreamError("the upstream's Responses stream sent an error event")
             exc.partial = block  # the upstream's own error event is the client's to see
             raise exc
@@ -70,7 +70,7 @@ class ResponsesUsageTap:
 
     def _count(self, block: bytes) -> None:
         for event in split_events(block):
-            if b'"usage"' not in event:
+            if event.find(b'"usage"') < 0:
                 continue
             payload = json_object(event)
             response = payload.get("response") if payload is not None else None

@@ -140,9 +140,11 @@ def stale(route: Route, targets: Sequence[Target], state: ExploreView, now: floa
 def due(route: Route, order: Sequence[Target], state: ExploreView, mode: str, figures: Figures) -> frozenset[str]:
     """The targets behind the leader whose look is due: a timed hedge that starts one runs it to its
     own first token, since the hedge has paid for the call."""
+    if len(order) < 2:
+        return frozenset()
     budget = state.hedge_budget(route.name)
     leading = min((f for f in figures.values() if f is not None), default=None)
-    if budget is None or leading is None or len(order) < 2:
+    if budget is None or leading is None:
         return frozenset()
     behind = [t for t in order if (f := figures.get(t.name)) is not None and f > leading]
     return frozenset(p.name for p in _prospects(behind, state, budget, mode) if worth(p, leading) >= LOOK_AFTER)

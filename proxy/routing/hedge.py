@@ -25,9 +25,10 @@ from typing import Protocol
 
 from ..config import Hedge, Target, TargetKey
 from ..state.budget import RESERVE, HedgeBudget
+from ..state.tracker import RECENT
 
 MIN_SAMPLES = 5
-WINDOW = 100  # the newest samples a percentile is taken over
+WINDOW = RECENT  # the newest samples a percentile is taken over (the tracker keeps them sorted)
 # A loser not answering by then is several times slower than the winner: its exact figure would
 # not change the order. The floor keeps jitter and a busy machine from cutting a near-equal; the
 # ceiling bounds what a stalled explored target holds (a connection, an in-flight count).
@@ -39,11 +40,15 @@ def hedge_delay(hedge: Hedge, samples: Sequence[float]) -> float | None:
     """Seconds after the leader's start at which the next target starts too, or None."""
     if hedge.after_secs is not None:
         return hedge.after_secs
-    if hedge.after_percentile is None or len(samples) < MIN_SAMPLES:
+    return _percentile(hedge, sorted(samples[-WINDOW:]))
+
+
+def _percentile(hedge: Hedge, ranked: Sequence[float]) -> float | None:
+    """``hedge_delay`` from the newest samples already sorted (as the tracker keeps them)."""
+    if hedge.after_percentile is None or len(ranked) < MIN_SAMPLES:
         return None
-    recent = sorted(samples[-WINDOW:])
-    rank = math.ceil(hedge.after_percentile / 100 * len(recent)) - 1
-    return recent[max(0, rank)]
+    rank = math.ceil(hedge.after_percentile / 100 * len(ranked)) - 1
+    return ranked[max(0, rank)]
 
 
 def measure_cap(hedge: Hedge, winner_ttfc: float | None) -> float:
@@ -65,12 +70,12 @@ class RaceView(Protocol):
 
     def age(self, key: TargetKey, now: float, mode: str = ...) -> float | None: ...
 
-    def recent(self, key: TargetKey, mode: str = ...) -> list[float]: ...
+    def ranked(self, key: TargetKey, mode: str = ...) -> Sequence[float]: ...
 
     def hedge_budget(self, route: str) -> HedgeBudget | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: a frozen init costs about three times as much
 class Opening:
     """How a hedged route's walk begins, and each leader's hedge delay: the plan's word, which the
     race carries out as it is."""
@@ -128,10 +133,11 @@ def opening(hedge: Hedge, route: str, targets: Sequence[Target], first_reason: s
 
 
 def _delays(hedge: Hedge, order: Sequence[Target], view: RaceView, mode: str) -> dict[str, float | None]:
-    """Each target's hedge delay should it lead inline (a fixed ``after`` reads no samples)."""
+    """Each target's hedge delay should it lead inline (a fixed ``after`` reads no samples; a pNN
+    reads the tracker's sorted window: sorting it here cost a tenth of a buffered call)."""
     if hedge.after_secs is not None:
         return dict.fromkeys((t.name for t in order), hedge.after_secs)
-    return {t.name: hedge_delay(hedge, view.recent(t.key, mode)) for t in order}
+    return {t.name: _percentile(hedge, view.ranked(t.key, mode)) for t in order}
 
 
 __all__ = ["FREE", "PAID", "Opening", "RaceView", "hedge_delay", "measure_cap", "opening"]

@@ -121,8 +121,9 @@ def plan(
         together = 2  # learning races the next target instead of making the client wait for it
     race = None
     if hedge is not None and pinned is None and out:
-        looks, keep = frozenset[str](), RESERVE
-        if route.strategy == "fastest" and hedge.explore:
+        looks: frozenset[str] = frozenset()  # not frozenset[str](): calling an alias tries, fails and forgets a setattr
+        keep = RESERVE
+        if route.strategy == "fastest" and hedge.explore and len(out) > 1:  # alone: nobody to look at
             figures = {r.name: r.figure for r in ranked}
             looks = due(route, out, state, ask.mode, figures)
             if together == 2 and ranked[0].reason == "explore" and confirming(out[0], figures, state, ask.mode):

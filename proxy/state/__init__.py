@@ -11,7 +11,7 @@ reload for targets that still exist.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,8 +256,12 @@ class State:
         return sum(ts.history) / len(ts.history)
 
     def recent(self, key: TargetKey, mode: str = STREAMED) -> list[float]:
-        """The target's newest first-token samples in ``mode``, oldest first (a hedge's pNN)."""
+        """The target's newest first-token samples in ``mode``, oldest first."""
         return self.tracker.recent(key, mode)
+
+    def ranked(self, key: TargetKey, mode: str = STREAMED) -> Sequence[float]:
+        """The target's newest first-token samples in ``mode``, sorted (a hedge's pNN): a read."""
+        return self.tracker.ranked(key, mode)
 
     def began(self, key: TargetKey, mode: str = STREAMED) -> float | None:
         """When the call of the target's newest sample began."""

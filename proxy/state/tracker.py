@@ -33,8 +33,9 @@ slope is what one more call in flight costs this target, the load-fitted figure'
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -51,6 +52,7 @@ DEMOTE_AFTER = 2  # lost races in a row that restart a figure from their bounds
 DEMOTE_MARGIN = 1.05  # a demoted figure is at least this much over the figure of the target that won
 FIT_CLIP = 3.0  # a sample over this many times the fit's mean is a tail event (a stall), not load
 REORDER = 8  # the newest samples kept in the order their calls began (at least the calls in flight at once)
+RECENT = 100  # the newest samples a hedge's percentile is taken over (routing/hedge.py), kept sorted
 
 
 @dataclass(slots=True)
@@ -66,6 +68,7 @@ class Series:
     held: list[float] = field(default_factory=list)  # censored bounds since the last faster answer
     starts: deque[float] = field(default_factory=lambda: deque(maxlen=REORDER + 1))  # the newest samples' starts
     settled: dict[float, float | None] = field(default_factory=dict)  # each EWMA over all samples but those
+    ranked: list[float] = field(default_factory=list)  # the newest RECENT samples, sorted (a hedge's pNN)
 
     def fit(self, load: int, seconds: float) -> None:
         m = self.moments
@@ -104,6 +107,12 @@ class Series:
         samples = self.samples
         if len(samples) == samples.maxlen:
             samples.popleft()
+        # The ranked window follows at the cost of two bisections, not a sort per request: the one that
+        # leaves the newest RECENT is the RECENT-th newest now (this one goes in among the REORDER newest).
+        ranked = self.ranked
+        if len(samples) >= RECENT:
+            del ranked[bisect_left(ranked, samples[-RECENT])]
+        insort(ranked, seconds)
         samples.insert(len(samples) - later, seconds)
         starts.insert(len(starts) - later, start)
         self.count += 1
@@ -137,6 +146,7 @@ class Series:
         self.newest_at = None
         self.starts.clear()
         self.settled.clear()
+        self.ranked.clear()
 
     def dated(self, now: float) -> None:
         if self.newest_at is None or now > self.newest_at:  # a peer's sample may arrive after a newer one
@@ -266,9 +276,15 @@ class Tracker:
         return series.starts[-1] if series is not None and series.starts else None
 
     def recent(self, key: TargetKey, mode: str) -> list[float]:
-        """The newest samples, oldest first (a hedge's percentile is taken over them)."""
+        """The newest ``RECENT`` samples, oldest first."""
         series = self.modes[mode].get(key)
-        return [] if series is None else list(islice(reversed(series.samples), 100))[::-1]
+        return [] if series is None else list(islice(reversed(series.samples), RECENT))[::-1]
+
+    def ranked(self, key: TargetKey, mode: str) -> Sequence[float]:
+        """The newest ``RECENT`` samples, sorted: a hedge's percentile in one look (the series' own
+        list, kept sorted as samples come: read it, never change it)."""
+        series = self.modes[mode].get(key)
+        return () if series is None else series.ranked
 
     def samples(self, key: TargetKey, mode: str = STREAMED) -> int:
         series = self.modes[mode].get(key)

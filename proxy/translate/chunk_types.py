@@ -24,9 +24,14 @@ from typing import Any
 
 __all__ = ["RELAYED_SUSPECT", "SUSPECT", "TEXT_SUSPECT", "chunk_problem", "text_problem"]
 
-SUSPECT = re.compile(rb'"(?:choices"\s*:\s*(?:[^\[\sn]|\[\s*[^{\]\s])|(?:tool_calls"\s*:\s*[^\[\sn])'
+# Spelt by each key's first letter: a quote is then let go after one look at the next byte, where a
+# group of alternatives was tried one by one at every quote (the gate's search of a first event:
+# 17k instructions, 12k so).
+SUSPECT = re.compile(rb'"(?:c(?:hoices"\s*:\s*(?:[^\[\sn]|\[\s*[^{\]\s])|ontent"\s*:\s*[^"\sn\[])'
+                     rb'|t(?:ool_calls"\s*:\s*[^\[\sn]|ext"\s*:\s*[^"\sn\[])'
                      rb'|delta"\s*:\s*[^{\sn]'
-                     rb'|(?:content|role|refusal|reasoning_content|finish_reason|text)"\s*:\s*[^"\sn\[])')
+                     rb'|r(?:ole|efusal|easoning_content)"\s*:\s*[^"\sn\[]'
+                     rb'|finish_reason"\s*:\s*[^"\sn\[])')
 
 RELAYED_SUSPECT = re.compile(rb'"c(?:ontent"\s*:\s*[^"\sn\[]|hoices"\s*:\s*[^\[\sn])')
 

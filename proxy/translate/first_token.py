@@ -286,7 +286,7 @@ class ResponsesFirstToken(FirstToken):
 
     def _event(self, event: bytes) -> Verdict:
         verdict = super()._event(event)
-        if verdict is COMMITTED and b'"response.failed"' in event:
+        if verdict is COMMITTED and event.find(b'"response.failed"') >= 0:
             failed = orjson.loads(data_of(event))
             error = (failed.get("response") or {}).get("error") or {}
             found = error_of({"error": error if isinstance(error, dict) and error else {"message": "failed"}})
@@ -319,7 +319,8 @@ def error_of(payload: dict[str, Any]) -> tuple[int | None, str, str] | None:
 
 def error_in_body(body: bytes) -> UpstreamError | None:
     """A buffered 2xx whose JSON body is an error object, not an answer."""
-    if b'"error"' not in body:  # an answer has no such key or value (quotes in text are escaped)
+    # An answer has no such key or value (quotes in text are escaped); find, not `in` (usage_taps.py says why).
+    if body.find(b'"error"') < 0:
         return None
     try:
         payload = orjson.loads(body)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from proxy.config import Fastest
-from proxy.state.tracker import MAX_WINDOW, Tracker
+from proxy.state.tracker import MAX_WINDOW, RECENT, Tracker
 
 KEY = ("groq", "llama")
 
@@ -225,3 +227,35 @@ def test_a_stale_series_forgets_its_held_bounds() -> None:
     tr.censor(KEY, 0.14, 101.0)
     assert not tr.censor(KEY, 0.14, 1000.0)  # 900 s later: another moment, the bound is its only figure
     assert tr.figure(KEY, Fastest(), 1000.0) == pytest.approx(0.14) and tr.held(KEY) == 1
+
+
+# -- the ranked window: the newest RECENT samples, sorted, kept as they come (a hedge's pNN) ---------
+# Each step: ("s", seconds, ended at) an answer, ("c", seconds, at) a censored bound.
+
+
+def _steps(count: int, seed: int, reorder: bool) -> list[tuple[str, float, float]]:
+    rng = random.Random(seed)
+    return [("s", round(rng.uniform(0.01, 0.5), 3), 10.0 + i * (0.01 if reorder else 1.0)) for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param([("s", 0.3, 10.0), ("s", 0.1, 11.0), ("s", 0.2, 12.0)], id="a-few-in-order"),
+        pytest.param(_steps(3 * RECENT, 1, False), id="past-the-window-each-leaving-one-goes"),
+        pytest.param(_steps(3 * RECENT, 2, True), id="calls-ending-out-of-the-order-they-began"),
+        pytest.param([("s", 0.2, 10.0)] * (RECENT + 5) + [("s", 0.1, 10.0)], id="equal-samples"),
+        pytest.param([*_steps(RECENT + 20, 3, False), ("c", 0.9, 131.0), ("c", 0.9, 132.0), ("s", 0.05, 133.0)],
+                     id="a-demotion-restarts-it-from-the-bounds"),
+        pytest.param([*_steps(RECENT + 20, 4, False), ("s", 0.3, 1000.0)], id="a-stale-series-restarts-it"),
+    ],
+)
+def test_the_ranked_window_is_the_newest_samples_sorted(steps: list[tuple[str, float, float]]) -> None:
+    tr = Tracker(stale_after=300)
+    for kind, secs, at in steps:
+        if kind == "s":
+            tr.record(KEY, secs, at)
+        else:
+            tr.censor(KEY, secs, at)
+        assert list(tr.ranked(KEY, "streamed")) == sorted(tr.recent(KEY, "streamed"))
+    assert len(tr.ranked(KEY, "streamed")) == min(RECENT, tr.samples(KEY))

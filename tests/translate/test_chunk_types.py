@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from typing import Any
 
 import orjson
@@ -57,3 +59,19 @@ def test_well_typed_chunks_are_not_suspect(raw: bytes) -> None:
 def test_the_relayed_search_finds_what_client_sdks_trip_on_first(raw: bytes) -> None:
     """After the first token a passthrough stream is searched with the cheaper pattern only."""
     assert RELAYED_SUSPECT.search(raw) is not None and chunk_problem(orjson.loads(raw)) is not None
+
+
+# SUSPECT as it was first spelt (one group for the string keys), kept to show the letter-by-letter
+# spelling finds exactly what it found.
+_GROUPED = re.compile(rb'"(?:choices"\s*:\s*(?:[^\[\sn]|\[\s*[^{\]\s])|(?:tool_calls"\s*:\s*[^\[\sn])'
+                      rb'|delta"\s*:\s*[^{\sn]'
+                      rb'|(?:content|role|refusal|reasoning_content|finish_reason|text)"\s*:\s*[^"\sn\[])')
+_KEYS = (b"choices", b"tool_calls", b"delta", b"content", b"role", b"refusal", b"reasoning_content",
+         b"finish_reason", b"text", b"cont", b"index", b"rolex")
+_VALUES = (b'"a"', b"null", b"[]", b"[{}]", b"[1]", b"[ ]", b"{}", b"5", b"true", b'""', b"nope")
+
+
+def test_the_suspect_search_finds_what_its_grouped_spelling_found() -> None:
+    for key, value, colon in itertools.product(_KEYS, _VALUES, (b":", b" : ", b":\n")):
+        for raw in (b'{"' + key + b'"' + colon + value + b"}", b'{"x":{"' + key + b'"' + colon + value + b"}}"):
+            assert (SUSPECT.search(raw) is None) == (_GROUPED.search(raw) is None), raw
