@@ -223,6 +223,8 @@ class Race:
             return
         if not refused:  # one request is one refusal, however many racers it wanted
             self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
+        if self.route.strategy != "fastest":
+            return  # the order is not the figures': a bound would move nobody, a re-race only spend
         # Past its hedge delay, unraced: a lower bound now, not when a race would have been lost. It
         # waits on its leader: should the leader be demoted, it races on a borrowed token.
         leader, waiting = self.leader, self.budget.waiting
@@ -327,7 +329,7 @@ class Race:
         """``target`` had no first token since ``started``: a censored sample (``walk/evidence.py``).
         Should it demote ``target``, the requests waiting on it race at once."""
         if lower_bound(self.walker.state, self.route.fastest, self.call.stream, target, started, self.walker.clock(),
-                       winner, capped):
+                       winner, capped) and self.route.strategy == "fastest":
             self._rerace(target)
 
     def _won(self) -> bool:

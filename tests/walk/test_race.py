@@ -861,10 +861,10 @@ async def test_a_leader_that_stalls_on_one_call_in_ten_keeps_its_place(upstreams
     assert leaders == ["a"] * len(decisions)
 
 
-async def _spent(upstreams: Any, proxy: Any, a: Timed, b: Timed) -> Any:
+async def _spent(upstreams: Any, proxy: Any, a: Timed, b: Timed, strategy: str = "fastest") -> Any:
     """The pool of ``_pool`` with a budget that pays for no hedge: ``max_extra`` too small to earn a
     token in the test, and the start token spent, as a busy route's looks leave its bucket."""
-    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy="fastest",
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy=strategy,
                               fastest={"explore": 0}, hedge={"after": "p90", "max_extra": 0.001, "refresh": 30})
     for _ in range(12):
         await p.post("/v1/chat/completions", {**CHAT, "stream": True})
@@ -911,6 +911,28 @@ async def test_requests_waiting_on_a_leader_just_demoted_race_at_once_on_borrowe
     # One call, one bound: each told its overdue bound, and losing to its re-race later tells no second
     # (a stalled call re-raced a second later would otherwise restart a's figure at a second).
     assert p.gateway.state.tracker.held(("a", "m")) == 2
+
+
+async def test_an_ordered_route_tells_no_overdue_bound_and_borrows_nothing(upstreams, proxy):
+    """The rule is ``fastest``'s: an ordered route's order is not its figures, so a bound would move
+    nobody and a re-race would only spend past ``max_extra`` (test_the_budget_stops_hedges_past_max_extra
+    counts each request as hedged or refused, never both). Before, a loaded machine's late hedge timers
+    made it re-race there too."""
+    degraded = {"at": None}
+    a = Shifting(lambda n: 0.25 if degraded["at"] is not None else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _spent(upstreams, proxy, a, b, strategy="ordered")
+    for _ in range(3):  # b measured too (pinned), so a bound could be held behind its figure
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True}, {"x-route-provider": "b"})
+    assert p.gateway.state.figure(("b", "m"), Fastest(), p.gateway.clock()) is not None
+    owed = p.gateway.state.budgets["chat"].owed
+    degraded["at"] = len(a.starts)
+    both = [decision_of(h) for _, h, _ in await asyncio.gather(
+        *(p.post("/v1/chat/completions", {**CHAT, "stream": True}) for _ in range(2)))]
+    assert [d.served for d in both] == ["a", "a"], [d.race for d in both]
+    assert [d.race for d in both] == [(("b", "budget exhausted"),)] * 2
+    assert p.gateway.state.tracker.held(("a", "m")) == 0
+    assert p.gateway.state.budgets["chat"].owed <= owed
 
 
 async def test_a_leader_stalling_on_one_call_in_ten_with_its_hedges_refused_keeps_its_place(upstreams, proxy):
