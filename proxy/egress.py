@@ -38,13 +38,15 @@ _NO_HOP: frozenset[str] = frozenset()
 # an upstream chooses its names (past the bound a name is judged each time, as before).
 VERDICTS: dict[str, str | None] = {}
 VERDICTS_MAX = 1024
+NAME_MAX = 64  # longer names are judged, never kept: no listed name is half this long, and an upstream's
+#                names may be ~8 KB each (the parser's line limit), 1,024 of them ~8 MB of a worker for good
 _UNSEEN = "\0unseen"  # the look-up's default: no header name holds a NUL
 
 
 def _verdict(name: str) -> str | None:
     lower = name.lower()
     verdict = name if lower in FORWARDED or lower.startswith(FORWARDED_PREFIXES) else _RENAMED.get(lower)
-    if len(VERDICTS) < VERDICTS_MAX:
+    if len(VERDICTS) < VERDICTS_MAX and len(name) <= NAME_MAX:
         VERDICTS[name] = verdict
     return verdict
 

@@ -56,3 +56,15 @@ def test_the_remembered_verdicts_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
     names = [f"x-made-up-{i}" for i in range(10)] + ["retry-after"]
     got = forward_headers(upstream(*((n, "1") for n in names)), {})
     assert got == {"retry-after": "1"} and len(egress.VERDICTS) == 3
+
+
+def test_a_long_header_name_is_judged_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upstream can send names of up to ~8 KB (the parser's line limit), a few per answer: kept,
+    1,024 of them would hold ~8 MB of a worker for good. No header on the list is longer than a few
+    dozen characters, so a long name is judged each time (same verdict) and never kept."""
+    monkeypatch.setattr(egress, "VERDICTS", {})
+    long_names = [f"x-{i}-" + "a" * 8000 for i in range(3)]
+    listed = "x-ratelimit-" + "b" * 8000  # a listed prefix, however long: still forwarded
+    got = forward_headers(upstream(*((n, "1") for n in long_names), (listed, "2"), ("retry-after", "3")), {})
+    assert got == {listed: "2", "retry-after": "3"}
+    assert list(egress.VERDICTS) == ["retry-after"]
