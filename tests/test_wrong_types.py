@@ -131,3 +131,19 @@ async def test_a_first_event_nested_past_what_a_parser_reads_fails_over(upstream
     text, headers = await openai_reads(p.url)
     assert text == "from-good"
     failed_over(headers)
+
+
+# The same nesting behind the content: the lean path found ``"content":"hi"`` within its reach and
+# committed the event unparsed (its reach bounds what comes before the content, not after it).
+DEEP_AFTER = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
+              b'"x":' + b"[" * 5000 + b"]" * 5000 + b"}]}\n\n")
+
+
+async def test_a_first_event_nested_past_what_a_parser_reads_behind_its_content_fails_over(upstreams, proxy):
+    bad = await upstreams({"/v1/chat/completions": streaming(DEEP_AFTER, b"data: [DONE]\n\n")})
+    good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
+                                 {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
+    text, headers = await openai_reads(p.url)
+    assert text == "from-good"
+    failed_over(headers)

@@ -64,11 +64,11 @@ class Ended(NamedTuple):
     sample: bytes = b""  # the upstream's bytes the detail quotes (scrubbed whole before they are cut)
 
 
-# How far into the first read the lean path looks for ``"content":"``. A real chunk has it within a few
-# hundred bytes; further in, the nesting before it is unknown (5,000 objects deep, the openai SDK's parser
-# raised RecursionError on a chunk committed unparsed), so the event goes to the parse, which refuses past
-# orjson's 1,024 levels.
-LEAN_REACH = 512
+# The longest first event the lean path commits unparsed. A real chunk is a few hundred bytes; JSON this
+# short nests at most 512 levels, under orjson's 1,024 and the client's parser's recursion limit (5,000
+# levels, before or behind the content, made the openai SDK raise RecursionError on a chunk committed
+# unparsed). A longer event, or one not yet ended in this read, goes to the parse, which refuses them.
+LEAN_REACH = 1024
 
 Verdict = str | UpstreamError | Ended | None  # COMMITTED, a failure, or None: read more
 _EMPTY = Ended("empty stream", "the stream ended before any content")
@@ -101,7 +101,7 @@ class FirstToken:
             # first event is one data line that already carries content.
             end = data.find(b"\n\n")
             at = data.find(b'"content":"', 0, end)
-            if (0 < at < LEAN_REACH and data[at + 11] != 0x22 and data.find(b'"error"', 0, end) < 0
+            if (at > 0 and 0 < end <= LEAN_REACH and data[at + 11] != 0x22 and data.find(b'"error"', 0, end) < 0
                     and SUSPECT.search(data, 0, end) is None  # no field of another type (chunk_types.py)
                     and data.find(b"\\u", 0, end) < 0):  # no key spelt with an escape SUSPECT cannot see
                 # Compact JSON with a non-empty "content" string: unescaped quotes are structure,

@@ -34,6 +34,8 @@ def event(kind: str, **payload: object) -> bytes:
 
 
 ROLE = delta(role="assistant", content="")
+DEEP_BEHIND = (b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"x":' + b"[" * 5000 + b"]" * 5000
+               + b"}]}\n\n")
 TEXT = delta(content="Hi")
 MESSAGE_START = event("message_start", message={"id": "msg_1", "usage": {"input_tokens": 3}})
 EMPTY_TEXT_START = event("content_block_start", index=0, content_block={"type": "text", "text": ""})
@@ -84,6 +86,11 @@ def verdicts(gate: FirstToken, reads: list[bytes]) -> list[object]:
                      ["UpstreamError"], id="vllm-error-object"),
         pytest.param([ROLE, b"data: [DONE]\n\n"], [None, "Ended"], id="done-before-content"),
         pytest.param([b"data: {not json\n\n"], ["Ended"], id="malformed-before-content"),
+        # Content, then nesting no parser reads (the client's raised RecursionError): never committed unparsed,
+        # whole in one read or cut before its end (the lean path once took the first part for an event)
+        pytest.param([DEEP_BEHIND], ["Ended"], id="nested-past-a-parser-behind-the-content"),
+        pytest.param([DEEP_BEHIND[:120], DEEP_BEHIND[120:]], [None, "Ended"],
+                     id="nested-past-a-parser-behind-the-content-cut-by-reads"),
     ],
 )
 def test_openai_gate(reads: list[bytes], want: list[object]) -> None:
