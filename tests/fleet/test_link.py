@@ -20,11 +20,11 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from proxy.fleet import measures
+from proxy.fleet import link, measures
 from proxy.fleet.link import BATCH, HEARTBEAT, served
-from proxy.fleet.wire import stream_key
+from proxy.fleet.wire import fleet_ids, stream_key
 
-from ..conftest import Proxy, chat_body, openai_provider, status_handler
+from ..conftest import Proxy, chat_body, make_config, openai_provider, status_handler
 from ..redis_server import PASSWORD, RedisServer
 
 PATH = "/v1/chat/completions"
@@ -480,3 +480,32 @@ async def test_an_idle_instance_writes_one_entry_a_tick(own_redis, upstreams, pr
 def test_the_tick_a_send_serves(now: float, tick: float, after: float | None) -> None:
     assert HEARTBEAT == 1.0
     assert served(now, tick) == after
+
+
+async def test_a_warm_start_reads_back_a_bounded_amount_of_a_busy_stream(redis_server, upstreams, proxy,
+                                                                         monkeypatch) -> None:
+    """One entry a tick carries a busy second's events (up to BATCH): 5,000 entries of 500 samples were
+    250 MB that Redis could not send within the command's timeout (the instance never joined), of 100
+    samples 500,000 events folded for ~9 s before the instance was ready. The warm start reads the
+    stream's newest WARM_BYTES back, whatever its entries hold, and folds them oldest first."""
+    monkeypatch.setattr(link, "WARM_BYTES", 50_000, raising=False)  # before the bound: fails on the count
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(redis_server, fleet, {"up": up.url})
+    (fid,) = fleet_ids(make_config(raw, ENV)).values()
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        now, ids = time.time(), []
+        for n in range(200):  # a busy peer's ticks, 100 samples each (~7 KB), the newest last at 0.5 s
+            secs = 0.5 if n == 199 else 2.0
+            wires = [["s", fid, "buffered", secs, now - 200 + n] for _ in range(100)]
+            ids.append(await client.xadd(stream_key(fleet), {"i": "peer", "e": orjson.dumps(wires)}))
+    finally:
+        await client.aclose()
+    (p,) = await fleet_of(1, proxy, raw)
+    fleet_link = p.gateway.fleet
+    assert fleet_link is not None
+    assert 100 <= fleet_link.events_in <= 1_000, fleet_link.events_in  # ~7 entries' worth, not 20,000 events
+    newest = tuple(map(int, ids[-1].decode().split("-")))
+    assert tuple(map(int, fleet_link.last_id.split("-"))) >= newest  # the reader goes on from the newest
+    assert p.gateway.state.recent(("up", "m"), "buffered")[-1] == 0.5  # the newest entry folded last
