@@ -174,17 +174,6 @@ _PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
                  b'data: {"choices":[{"index":0,"delta":{"content":' + b'{"a":' * 100_000 + b"1"
                  + b"}" * 100_000 + b"}}]}\n\n",
                  "an upstream event could not be read as JSON (depth limit exceeded", id="openai-passthrough-deep"),
-    # well-typed content, then nesting no parser reads: nothing suspect to the type check, so it passed unread
-    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
-                 b'data: {"choices":[{"index":0,"delta":{"content":"x"},"x":' + b"[" * 5000 + b"]" * 5000
-                 + b"}]}\n\n",
-                 "an upstream event could not be read as JSON (depth limit exceeded",
-                 id="openai-passthrough-deep-behind"),
-    pytest.param("anthropic", "/v1/messages", _START + _TEXT,
-                 b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
-                 b'"delta":{"type":"text_delta","text":"x"},"x":' + b"[" * 2000 + b"]" * 2000 + b"}\n\n",
-                 "an upstream event could not be read as JSON (depth limit exceeded",
-                 id="anthropic-passthrough-deep-behind"),
     pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
                  b'data: {"choices":[{"index":0,"delta":{"content":' + b"9" * 5_000_000 + b"}}]}\n\n",
                  "an upstream event could not be read as JSON (number is infinity", id="openai-passthrough-digits"),

@@ -68,11 +68,6 @@ def _usage_objects(block: bytes) -> list[int]:
 # A finish_reason that ends a choice; OpenRouter's "error" ends it in failure (as first_token.py reads it).
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"(?!error")')
 DONE_TAIL = 32  # the [DONE] event is the block's last event when it is there: look at the tail only
-# An event no parser may read though nothing in it looks mistyped (well-typed content, then 5,000 nested
-# arrays): nesting past orjson's 1,024 levels needs as many opening brackets, a number past Python's
-# 4,300 digits as many bytes. Past these it is read, suspect or not; a real chunk is a few hundred bytes.
-DEEP_OPENS = 512
-LONG_EVENT = 4096
 
 
 class OpenAIUsageTap:
@@ -96,7 +91,7 @@ class OpenAIUsageTap:
             self._finished = True
         if block.find(b'"error"') >= 0:  # an answer's text cannot hold it: its quotes are escaped
             _raise_on_error_envelope(block)
-        if RELAYED_SUSPECT.search(block) is not None or _maybe_unreadable(block):  # parsed only then
+        if RELAYED_SUSPECT.search(block) is not None:  # a field of another type, maybe: parsed only then
             _raise_on_wrong(block, SUSPECT, chunk_problem, OpenAIStreamError)
         if block.find(b'"usage"') < 0:
             return block
@@ -186,7 +181,7 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
     way (the openai SDK raised ``RecursionError``), so it ends the stream too."""
     events = split_events(block)
     for i, event in enumerate(events):
-        if suspect.search(event) is None and not _maybe_unreadable(event):
+        if suspect.search(event) is None:
             continue
         try:
             payload = orjson.loads(data_of(event))
@@ -199,13 +194,6 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
             exc = error(message, INVALID_STREAM)
             exc.partial = b"".join(events[:i])
             raise exc
-
-
-def _maybe_unreadable(chunk: bytes) -> bool:
-    """Could ``chunk`` hold an event too deep or a number too long for a parser? A read: two counts of
-    a chunk over DEEP_OPENS bytes (most are not), none of a shorter one."""
-    size = len(chunk)
-    return size > DEEP_OPENS and (size > LONG_EVENT or chunk.count(b"[") + chunk.count(b"{") > DEEP_OPENS)
 
 
 class AnthropicUsageTap:
@@ -226,7 +214,7 @@ class AnthropicUsageTap:
         block = answer_lines(self._framer.complete(data))
         if block.find(b'"message_stop"') >= 0:
             self.done = True
-        if TEXT_SUSPECT.search(block) is not None or _maybe_unreadable(block):  # parsed only then
+        if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
             _raise_on_wrong(block, TEXT_SUSPECT, text_problem, AnthropicStreamError)
         if block.find(b'"error"') < 0 and _USAGE_OBJECT.search(block) is None:
             return block
