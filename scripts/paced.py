@@ -1,0 +1,231 @@
+"""scripts/paced: CPU instructions per relayed event of a token-paced stream, firstbyte against the floor.
+
+``scripts/instructions`` counts whole calls whose stream arrives in one or two reads; a real
+model writes one event per token, and each event is then its own read through the relay loop
+and the passthrough tap. This counts that per-event cost under valgrind's callgrind (collection
+off until the counted windows, as scripts/instructions.py does): a paced upstream of its own
+(this file with ``--serve``) writes every event in its own write with ``--gap-ms`` between writes,
+so the proxy reads them one by one, for OpenAI chat (``/v1/chat/completions``, an ``openai``
+provider) and Anthropic messages (``/v1/messages``, an ``anthropic`` provider), both passthrough.
+
+For each proxy (the floor, ``scripts/floor.py``; firstbyte; each ``--other NAME=DIR``) and each
+API, ``--calls`` calls of ``--short`` events are counted, then ``--calls`` calls of ``--long``
+events: the difference over the extra events is the cost of one event, with everything a call
+costs once (routing, the first-token gate, the access log) cancelled. The idle background (what
+a process spends per second of wall clock doing nothing: timers, a fleet link) is counted apart
+for ``--idle`` seconds and its share of the extra events' wall time taken off (``net``); the raw
+figure is printed too. The client counts the chunks it reads: one per event shows the proxy
+relayed each event in its own write, so each was its own read (``reads/event`` ~1.0).
+
+    scripts/paced [--calls 20] [--short 4] [--long 44] [--gap-ms 4] [--other NAME=DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench
+from instructions import callgrind, control, total_instructions
+
+APIS = {"openai": ("/v1/chat/completions", "one"), "anthropic": ("/v1/messages", "claude")}
+
+
+# --- the paced upstream (--serve) ---------------------------------------------------------------
+
+
+def openai_events(n: int, usage: bool) -> list[bytes]:
+    def chunk(delta: dict[str, object], finish: str | None = None, **extra: object) -> bytes:
+        body = {"id": "chatcmpl-paced", "object": "chat.completion.chunk", "created": 1, "model": "sim",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    out += [chunk({"content": f" word{i}"}) for i in range(n)]
+    out.append(chunk({}, "stop"))
+    if usage:
+        out.append(b"data: " + orjson.dumps({"id": "chatcmpl-paced", "object": "chat.completion.chunk", "created": 1,
+                                             "model": "sim", "choices": [], "usage": {
+                                                 "prompt_tokens": 5, "completion_tokens": n,
+                                                 "total_tokens": n + 5}}) + b"\n\n")
+    return [*out, b"data: [DONE]\n\n"]
+
+
+def anthropic_events(n: int) -> list[bytes]:
+    def event(name: str, body: dict[str, object]) -> bytes:
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **body}) + b"\n\n"
+
+    out = [event("message_start", {"message": {
+        "id": "msg_paced", "type": "message", "role": "assistant", "model": "sim", "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+        event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]
+    out += [event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f" word{i}"}})
+            for i in range(n)]
+    out += [event("content_block_stop", {"index": 0}),
+            event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                    "usage": {"output_tokens": n}}),
+            event("message_stop", {})]
+    return out
+
+
+def serve(port: int, gap: float) -> None:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = int(body["max_tokens"])
+        if request.path.endswith("/messages"):
+            events = anthropic_events(n)
+        else:
+            events = openai_events(n, bool((body.get("stream_options") or {}).get("include_usage")))
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event)
+            await asyncio.sleep(gap)  # its own write, and the proxy's own read
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", answer)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+
+async def calls(url: str, model: str, events: int, count: int) -> tuple[float, int]:
+    """``count`` streamed calls one after another: their wall time and the chunks read."""
+    body = orjson.dumps({"model": model, "max_tokens": events, "stream": True,
+                         "messages": [{"role": "user", "content": "Say hello."}]})
+    chunks = 0
+    async with aiohttp.ClientSession() as session:
+        start = time.monotonic()
+        for _ in range(count):
+            async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{url}: status {resp.status}: {await resp.text()}")
+                async for _piece in resp.content.iter_any():
+                    chunks += 1
+        return time.monotonic() - start, chunks
+
+
+class PerEvent(NamedTuple):
+    raw: float  # instructions per extra event
+    net: float  # less the idle background of the extra events' wall time
+    reads: float  # chunks the client read per extra event (1.0: each event its own write)
+
+
+def measure(name: str, cmd: list[str], env: dict[str, str], port: int, tmp: Path,
+            args: argparse.Namespace) -> dict[str, PerEvent]:
+    out = tmp / f"callgrind-{name}.out"
+    proc = callgrind(cmd, out, env, tmp / f"{name}.log")
+    parts = 0
+    results: dict[str, PerEvent] = {}
+
+    def counted(coro_args: tuple[str, str, int, int]) -> tuple[int, float, int]:
+        nonlocal parts
+        control(proc.pid, "-i", "on")
+        secs, chunks = asyncio.run(calls(*coro_args))
+        control(proc.pid, "-i", "off")
+        control(proc.pid, "--dump")
+        parts += 1
+        return total_instructions(out.with_name(f"{out.name}.{parts}")), secs, chunks
+
+    try:
+        bench.wait_port(port, proc, timeout=300)
+        for api, (path, model) in APIS.items():  # warm-up: every path taken once before counting
+            asyncio.run(calls(f"http://127.0.0.1:{port}{path}", model, args.short, 5))
+        time.sleep(2.0)
+        control(proc.pid, "-i", "on")
+        time.sleep(args.idle)
+        control(proc.pid, "-i", "off")
+        control(proc.pid, "--dump")
+        parts += 1
+        idle = total_instructions(out.with_name(f"{out.name}.{parts}")) / args.idle
+        for api, (path, model) in APIS.items():
+            url = f"http://127.0.0.1:{port}{path}"
+            short, s_secs, s_chunks = counted((url, model, args.short, args.calls))
+            long, l_secs, l_chunks = counted((url, model, args.long, args.calls))
+            extra = args.calls * (args.long - args.short)
+            raw = (long - short) / extra
+            net = ((long - idle * l_secs) - (short - idle * s_secs)) / extra
+            results[api] = PerEvent(raw, net, (l_chunks - s_chunks) / extra)
+            print(f"{name} {api}: short {short / args.calls / 1000:.0f}k/call ({s_secs:.1f}s), long "
+                  f"{long / args.calls / 1000:.0f}k/call ({l_secs:.1f}s), idle {idle / 1000:.0f}k/s", file=sys.stderr)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return results
+
+
+def config(port: int, upstream: int) -> dict[str, object]:
+    base = f"http://127.0.0.1:{upstream}/v1"
+    return {"listen": f"127.0.0.1:{port}", "access_log": {"format": "text", "path": "/dev/null"},
+            "providers": {"p": {"kind": "openai", "base_url": base}, "c": {"kind": "anthropic", "base_url": base}},
+            "routes": {"one": {"strategy": "fastest", "targets": [{"provider": "p", "model": "sim"}]},
+                       "claude": {"strategy": "fastest", "targets": [{"provider": "c", "model": "sim"}]}}}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="instructions per relayed event of a paced stream")
+    p.add_argument("--calls", type=int, default=20, help="calls per counted window")
+    p.add_argument("--short", type=int, default=4, help="text events of a short call")
+    p.add_argument("--long", type=int, default=44, help="text events of a long call")
+    p.add_argument("--gap-ms", type=float, default=4.0, help="the upstream's pause after each event")
+    p.add_argument("--idle", type=float, default=3.0, help="seconds of idle background counted")
+    p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
+                   help="another firstbyte whose proxy package is in DIR")
+    p.add_argument("--serve", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve is not None:
+        serve(args.serve, args.gap_ms / 1000)
+        return 0
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("scripts/paced needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="firstbyte-paced-"))
+    procs = bench.Procs(tmp)
+    rows: dict[str, dict[str, PerEvent]] = {}
+    try:
+        up = bench.free_port()
+        procs.start("upstream", [sys.executable, __file__, "--serve", str(up), "--gap-ms", str(args.gap_ms)], up)
+        port = bench.free_port()
+        floor = [sys.executable, str(bench.ROOT / "scripts" / "floor.py"), "--port", str(port),
+                 "--upstream", f"http://127.0.0.1:{up}"]
+        rows["floor"] = measure("floor", floor, dict(os.environ), port, tmp, args)
+        for name, path in {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}.items():
+            port = bench.free_port()
+            config_path = tmp / f"{name}.json"  # JSON is YAML
+            config_path.write_text(json.dumps(config(port, up)))
+            env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
+            cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
+            rows[name] = measure(name, cmd, env, port, tmp, args)
+    finally:
+        procs.stop_all()
+    print(f"instructions per relayed event (callgrind; {args.calls} calls of {args.long} text events less "
+          f"{args.calls} of {args.short}, one event a write, {args.gap_ms:g} ms apart), thousands\n")
+    print(f"{'':<16}{'openai raw':>11}{'net':>7}{'x floor':>8}{'anthropic raw':>15}{'net':>7}{'x floor':>8}"
+          f"{'reads/event':>13}")
+    for name, row in rows.items():
+        o, a = row["openai"], row["anthropic"]
+        print(f"{name:<16}{o.raw / 1000:>11.1f}{o.net / 1000:>7.1f}{o.net / rows['floor']['openai'].net:>8.2f}"
+              f"{a.raw / 1000:>15.1f}{a.net / 1000:>7.1f}{a.net / rows['floor']['anthropic'].net:>8.2f}"
+              f"{o.reads:>7.2f}{a.reads:>6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
