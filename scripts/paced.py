@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -146,7 +145,7 @@ def measure(name: str, cmd: list[str], env: dict[str, str], port: int, tmp: Path
 
     try:
         bench.wait_port(port, proc, timeout=300)
-        for api, (path, model) in APIS.items():  # warm-up: every path taken once before counting
+        for path, model in APIS.values():  # warm-up: every path taken once before counting
             asyncio.run(calls(f"http://127.0.0.1:{port}{path}", model, args.short, 5))
         time.sleep(2.0)
         control(proc.pid, "-i", "on")
