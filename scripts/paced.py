@@ -17,7 +17,11 @@ for ``--idle`` seconds and its share of the extra events' wall time taken off (`
 figure is printed too. The client counts the chunks it reads: one per event shows the proxy
 relayed each event in its own write, so each was its own read (``reads/event`` ~1.0).
 
-    scripts/paced [--calls 20] [--short 4] [--long 44] [--gap-ms 4] [--other NAME=DIR ...]
+Every proxy runs at once and each round counts each in turn (``--rounds``, the median printed): what
+a process does per second during its calls moves with the machine's load, and sequential runs of
+one proxy after another differed by 3-5k instructions an event; interleaved, they share the moment.
+
+    scripts/paced [--calls 20] [--short 4] [--long 44] [--gap-ms 5] [--rounds 3] [--other NAME=DIR ...]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -127,47 +132,54 @@ class PerEvent(NamedTuple):
     reads: float  # chunks the client read per extra event (1.0: each event its own write)
 
 
-def measure(name: str, cmd: list[str], env: dict[str, str], port: int, tmp: Path,
-            args: argparse.Namespace) -> dict[str, PerEvent]:
-    out = tmp / f"callgrind-{name}.out"
-    proc = callgrind(cmd, out, env, tmp / f"{name}.log")
-    parts = 0
-    results: dict[str, PerEvent] = {}
+class Counted:
+    """One proxy under callgrind, counted window by window (each window its own dump)."""
 
-    def counted(coro_args: tuple[str, str, int, int]) -> tuple[int, float, int]:
-        nonlocal parts
-        control(proc.pid, "-i", "on")
-        secs, chunks = asyncio.run(calls(*coro_args))
-        control(proc.pid, "-i", "off")
-        control(proc.pid, "--dump")
-        parts += 1
-        return total_instructions(out.with_name(f"{out.name}.{parts}")), secs, chunks
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, tmp: Path) -> None:
+        self.name, self.port, self.parts = name, port, 0
+        self.out = tmp / f"callgrind-{name}.out"
+        self.proc = callgrind(cmd, self.out, env, tmp / f"{name}.log")
+        self.idle = 0.0  # instructions per second of wall clock, idle
 
-    try:
-        bench.wait_port(port, proc, timeout=300)
+    def ready(self, args: argparse.Namespace) -> None:
+        bench.wait_port(self.port, self.proc, timeout=300)
         for path, model in APIS.values():  # warm-up: every path taken once before counting
-            asyncio.run(calls(f"http://127.0.0.1:{port}{path}", model, args.short, 5))
-        time.sleep(2.0)
-        control(proc.pid, "-i", "on")
-        time.sleep(args.idle)
-        control(proc.pid, "-i", "off")
-        control(proc.pid, "--dump")
-        parts += 1
-        idle = total_instructions(out.with_name(f"{out.name}.{parts}")) / args.idle
-        for api, (path, model) in APIS.items():
-            url = f"http://127.0.0.1:{port}{path}"
-            short, s_secs, s_chunks = counted((url, model, args.short, args.calls))
-            long, l_secs, l_chunks = counted((url, model, args.long, args.calls))
-            extra = args.calls * (args.long - args.short)
-            raw = (long - short) / extra
-            net = ((long - idle * l_secs) - (short - idle * s_secs)) / extra
-            results[api] = PerEvent(raw, net, (l_chunks - s_chunks) / extra)
-            print(f"{name} {api}: short {short / args.calls / 1000:.0f}k/call ({s_secs:.1f}s), long "
-                  f"{long / args.calls / 1000:.0f}k/call ({l_secs:.1f}s), idle {idle / 1000:.0f}k/s", file=sys.stderr)
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    return results
+            asyncio.run(calls(f"http://127.0.0.1:{self.port}{path}", model, args.short, 5))
+
+    def window(self, api: str, events: int, count: int) -> tuple[int, float, int]:
+        """Instructions, wall time and chunks read of ``count`` calls of ``events`` events."""
+        path, model = APIS[api]
+        control(self.proc.pid, "-i", "on")
+        secs, chunks = asyncio.run(calls(f"http://127.0.0.1:{self.port}{path}", model, events, count))
+        return self._dump(), secs, chunks
+
+    def count_idle(self, secs: float) -> None:
+        control(self.proc.pid, "-i", "on")
+        time.sleep(secs)
+        self.idle = self._dump() / secs
+
+    def _dump(self) -> int:
+        control(self.proc.pid, "-i", "off")
+        control(self.proc.pid, "--dump")
+        self.parts += 1
+        return total_instructions(self.out.with_name(f"{self.out.name}.{self.parts}"))
+
+    def per_event(self, api: str, args: argparse.Namespace) -> PerEvent:
+        short, s_secs, s_chunks = self.window(api, args.short, args.calls)
+        long, l_secs, l_chunks = self.window(api, args.long, args.calls)
+        extra = args.calls * (args.long - args.short)
+        net = ((long - self.idle * l_secs) - (short - self.idle * s_secs)) / extra
+        print(f"{self.name} {api}: short {short / args.calls / 1000:.0f}k/call ({s_secs:.1f}s), long "
+              f"{long / args.calls / 1000:.0f}k/call ({l_secs:.1f}s), idle {self.idle / 1000:.0f}k/s", file=sys.stderr)
+        return PerEvent((long - short) / extra, net, (l_chunks - s_chunks) / extra)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def median(found: list[PerEvent]) -> PerEvent:
+    return PerEvent(*(statistics.median(f[i] for f in found) for i in range(3)))
 
 
 def config(port: int, upstream: int) -> dict[str, object]:
@@ -183,8 +195,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20, help="calls per counted window")
     p.add_argument("--short", type=int, default=4, help="text events of a short call")
     p.add_argument("--long", type=int, default=44, help="text events of a long call")
-    p.add_argument("--gap-ms", type=float, default=4.0, help="the upstream's pause after each event")
+    p.add_argument("--gap-ms", type=float, default=5.0, help="the upstream's pause after each event")
     p.add_argument("--idle", type=float, default=3.0, help="seconds of idle background counted")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over every proxy; the median is printed")
     p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
                    help="another firstbyte whose proxy package is in DIR")
     p.add_argument("--serve", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
@@ -197,25 +210,39 @@ def main() -> int:
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-paced-"))
     procs = bench.Procs(tmp)
-    rows: dict[str, dict[str, PerEvent]] = {}
+    counted: list[Counted] = []
+    found: dict[str, dict[str, list[PerEvent]]] = {}
     try:
         up = bench.free_port()
         procs.start("upstream", [sys.executable, __file__, "--serve", str(up), "--gap-ms", str(args.gap_ms)], up)
         port = bench.free_port()
         floor = [sys.executable, str(bench.ROOT / "scripts" / "floor.py"), "--port", str(port),
                  "--upstream", f"http://127.0.0.1:{up}"]
-        rows["floor"] = measure("floor", floor, dict(os.environ), port, tmp, args)
+        counted.append(Counted("floor", floor, dict(os.environ), port, tmp))
         for name, path in {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}.items():
             port = bench.free_port()
             config_path = tmp / f"{name}.json"  # JSON is YAML
             config_path.write_text(json.dumps(config(port, up)))
             env = dict(os.environ, **({"PYTHONPATH": path} if path else {}))
             cmd = [sys.executable, str(bench.BIN / "firstbyte"), "serve", "--config", str(config_path)]
-            rows[name] = measure(name, cmd, env, port, tmp, args)
+            counted.append(Counted(name, cmd, env, port, tmp))
+        for proxy in counted:  # all up at once: every round meets each in turn, on the same machine
+            proxy.ready(args)
+        time.sleep(2.0)
+        for proxy in counted:
+            proxy.count_idle(args.idle)
+        for _ in range(args.rounds):
+            for proxy in counted:
+                for api in APIS:
+                    found.setdefault(proxy.name, {}).setdefault(api, []).append(proxy.per_event(api, args))
     finally:
+        for proxy in counted:
+            proxy.stop()
         procs.stop_all()
+    rows = {name: {api: median(runs) for api, runs in apis.items()} for name, apis in found.items()}
     print(f"instructions per relayed event (callgrind; {args.calls} calls of {args.long} text events less "
-          f"{args.calls} of {args.short}, one event a write, {args.gap_ms:g} ms apart), thousands\n")
+          f"{args.calls} of {args.short}, one event a write, {args.gap_ms:g} ms apart; median of {args.rounds} "
+          "rounds over every proxy), thousands\n")
     print(f"{'':<16}{'openai raw':>11}{'net':>7}{'x floor':>8}{'anthropic raw':>15}{'net':>7}{'x floor':>8}"
           f"{'reads/event':>13}")
     for name, row in rows.items():
