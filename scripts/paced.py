@@ -21,6 +21,10 @@ Every proxy runs at once and each round counts each in turn (``--rounds``, the m
 a process does per second during its calls moves with the machine's load, and sequential runs of
 one proxy after another differed by 3-5k instructions an event; interleaved, they share the moment.
 
+``--tap`` counts the passthrough taps alone instead (``tap.feed`` of one text event, 2,000 times
+less none, in a process of their own): no server and no background, so it repeats to the instruction.
+
+    scripts/paced --tap [--other NAME=DIR ...]
     scripts/paced [--calls 20] [--short 4] [--long 44] [--gap-ms 5] [--rounds 3] [--other NAME=DIR ...]
 """
 
@@ -32,6 +36,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -182,6 +187,36 @@ def median(found: list[PerEvent]) -> PerEvent:
     return PerEvent(*(statistics.median(f[i] for f in found) for i in range(3)))
 
 
+# --tap: the passthrough taps alone, in a process of their own (no server, no background): exact.
+TAP_FEED = """
+import sys
+from proxy.translate.usage_taps import AnthropicUsageTap, OpenAIUsageTap
+sys.path.insert(0, {scripts!r})
+from paced import anthropic_events, openai_events
+tap = OpenAIUsageTap(False) if {api!r} == "openai" else AnthropicUsageTap()
+events = openai_events(4, False)[:-2] if {api!r} == "openai" else anthropic_events(4)[:-3]
+for event in events:
+    tap.feed(event)
+reads = [bytes(bytearray(events[-1])) for _ in range({n})]
+feed = tap.feed
+for read in reads:
+    feed(read)
+"""
+
+
+def tap_cost(api: str, path: str | None, tmp: Path) -> float:
+    """Instructions per ``feed`` of one text event read on its own: 2,000 feeds less none."""
+    totals = []
+    for n in (0, 2000):
+        out = tmp / f"tap-{api}-{n}.out"
+        code = TAP_FEED.format(scripts=str(Path(__file__).resolve().parent), api=api, n=n)
+        env = dict(os.environ, PYTHONPATH=path or str(bench.ROOT), PYTHONHASHSEED="0")  # the same every run
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", code],
+                       env=env, check=True, capture_output=True, cwd=tmp)  # not ROOT: its proxy/ would come first
+        totals.append(total_instructions(out))
+    return (totals[1] - totals[0]) / 2000
+
+
 def config(port: int, upstream: int) -> dict[str, object]:
     base = f"http://127.0.0.1:{upstream}/v1"
     return {"listen": f"127.0.0.1:{port}", "access_log": {"format": "text", "path": "/dev/null"},
@@ -200,6 +235,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds over every proxy; the median is printed")
     p.add_argument("--other", nargs="*", default=[], metavar="NAME=DIR",
                    help="another firstbyte whose proxy package is in DIR")
+    p.add_argument("--tap", action="store_true", help="count the passthrough taps alone, in a process of "
+                   "their own: no server, no background, exact to a few instructions")
     p.add_argument("--serve", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve is not None:
@@ -209,6 +246,12 @@ def main() -> int:
         print("scripts/paced needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="firstbyte-paced-"))
+    if args.tap:
+        print("instructions per tap.feed of one text event read on its own (callgrind, 2,000 feeds less none)\n")
+        print(f"{'':<16}{'openai':>8}{'anthropic':>11}")
+        for name, path in {"firstbyte": None, **dict(o.split("=", 1) for o in args.other)}.items():
+            print(f"{name:<16}{tap_cost('openai', path, tmp):>8.0f}{tap_cost('anthropic', path, tmp):>11.0f}")
+        return 0
     procs = bench.Procs(tmp)
     counted: list[Counted] = []
     found: dict[str, dict[str, list[PerEvent]]] = {}
