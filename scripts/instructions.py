@@ -34,8 +34,8 @@ figure with that background subtracted; the last is what a per-request goal is r
 background per second is a cost too, reported beside it, not per call). ``--redis`` adds
 ``NAME-fleet`` for every version (this code and each ``--other``), each measured right after the
 same code without Redis, so a pair shares the machine's state of the moment, and prints the stream
-entries each wrote while its calls were counted (per call and per second: the 50 ms send gap bounds
-them per second, so under callgrind each carries few calls' samples).
+entries each wrote while its calls were counted (per call and per second: one a tick, every second,
+plus one per urgent event, whatever the calls; docs/adr/0016).
 """
 
 from __future__ import annotations
@@ -232,8 +232,8 @@ def report(rows: dict[str, dict[str, Counted]], calls: int) -> None:
             ratios += [f[k].net / a[k].net for k in ("buffered", "streamed")]
             print(f"{name:<22}" + "".join(f"{r - 1:>+9.1%}" for r in ratios))
         print("\nfleet stream entries written while the calls were counted, per call (per second): each is an XADD"
-              "\nand an XREAD of it back; the 50 ms send gap bounds them per second, so at callgrind's pace they"
-              "\nfall on few calls each (at full speed, on tens)\n")
+              "\nand an XREAD of it back; one a tick (every second) and one per urgent event, whatever the calls"
+              "\n(before docs/adr/0016's \"one entry a tick\": one per 50 ms send gap, or per call when idle)\n")
         for name in fleets:
             print(f"{name:<22}" + "".join(f"{c.entries / calls:>9.2f} ({c.entries / c.secs:4.1f}/s)"
                                           for c in rows[name].values() if c.entries is not None))

@@ -17,7 +17,7 @@ from .wire import Wire
 
 __all__ = ["Peers", "fold", "split"]
 
-PEER_LOAD_SECS = 2.0  # a peer's in-flight counts stand this long unless renewed
+PEER_LOAD_SECS = 3.0  # a peer's in-flight counts stand this long unless renewed (its heartbeat: every second)
 
 
 def split(limit: int, members: int, rank: int) -> int:
@@ -47,7 +47,7 @@ class Peers:
 
     def members(self, now: float) -> tuple[str, ...]:
         """The other instances heard from within PEER_LOAD_SECS (each tells its loads at least every
-        half second while it is in the fleet), sorted: what splits a fleet-wide limit."""
+        second while it is in the fleet; one late beat is forgiven), sorted: what splits a fleet-wide limit."""
         if now >= self._until:
             live = {i: until for i, (_, until) in self.loads.items() if until > now}
             self._members = tuple(sorted(live))

@@ -1,11 +1,11 @@
 """The fleet link: this instance's state shared with the others' through Redis, off the request path.
 
 State's door hands every change to ``hear`` (a deque append: nothing awaits); a publisher task
-sends what gathered as one stream entry (at once when idle; under load, what came during the last
-send and the short gap after it), a reader task blocks on the stream and folds in the other
-instances' entries, and the probe task claims the fleet's one half-open probe per target
-(``probes.py``). On start the stream's tail is folded in before the instance says it is ready
-(warm start).
+sends what gathered as one stream entry on the heartbeat's tick (every HEARTBEAT, on the wall
+clock's grid, so the fleet's entries of one tick reach a reader together), and at once for an
+urgent event; a reader task blocks on the stream and folds in the other instances' entries, and
+the probe task claims the fleet's one half-open probe per target (``probes.py``). On start the
+stream's tail is folded in before the instance says it is ready (warm start).
 
 Redis down, slow, flushed or refusing: every command has a short timeout; the first failure
 drops the link (the instance goes on alone at once, its probes its own again), one line is
@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import os
 import random
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,19 +32,21 @@ from ..config import Config, StateLink, TargetKey
 from ..state import State
 from .fold import Peers, fold, split
 from .measures import Measures
+from .names import link_name
 from .probes import Probes
 from .wire import decode, dumps, encode, fleet_ids, stream_key
 
-__all__ = ["FleetLink", "instance_name"]
+__all__ = ["FleetLink"]
 
 log = logging.getLogger("firstbyte")
 
 TIMEOUT = 0.5  # any one command; past it Redis is slow, and slow is down for us
-BLOCK_MS = 500  # the reader's blocking read
-HEARTBEAT = 0.5  # in-flight counts are told this often: the others know this instance is live (a limit's share)
-SEND_GAP = 0.05  # after an entry is sent, what comes within this long waits for the next (one entry, not many),
-URGENT = frozenset({"f", "o", "r"})  # except a failure, an opening or a cool-down (and a first measure): at once
-READ_GAP = 0.02  # after a read that brought entries, the next waits this long (one wakeup for a burst)
+BLOCK_MS = 1200  # the reader's blocking read (the tick's entries, this instance's own included, end it sooner)
+HEARTBEAT = 1.0  # one entry this often (wall-clock grid): the in-flight counts (this instance is live) and
+#                  every sample since the last, so an instance's commands a second do not grow with its calls
+URGENT = frozenset({"f", "o", "r"})  # a failure, an opening or a cool-down (and a first measure): at once
+TICK_SLACK = 0.005  # a timer that fires this early is the tick
+READ_GAP = 0.02  # after a read that brought entries, the next waits this long (a tick's entries in one reply)
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
 STREAM_MAX = 20_000  # entries the stream keeps (approximately): the warm start's memory
@@ -57,28 +56,6 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
 NOT_YET = "not connected yet"
 
 
-_NAMES: dict[int, str] = {}  # pid -> this process's name (a forked worker gets its own)
-_LINKS = itertools.count()
-
-
-def instance_name() -> str:
-    """Who this process is in the fleet, in its log lines and its ledger rows: host and pid (or
-    ``FIRSTBYTE_INSTANCE``, a pod's name) and a few random digits, new at each start (a restart is
-    another instance: it folds in what its previous life published)."""
-    pid = os.getpid()
-    name = _NAMES.get(pid)
-    if name is None:
-        base = os.environ.get("FIRSTBYTE_INSTANCE") or f"{socket.gethostname()}-{pid}"
-        name = _NAMES[pid] = f"{base}-{os.urandom(2).hex()}"
-    return name
-
-
-def _link_name() -> str:
-    """The process's name for its first link; a second gateway in one process (tests) is another."""
-    n = next(_LINKS)
-    return instance_name() if n == 0 else f"{instance_name()}-{n}"
-
-
 class FleetLink:
     def __init__(self, settings: StateLink, state: State, clock: Callable[[], float],
                  instance: str | None = None) -> None:
@@ -86,9 +63,10 @@ class FleetLink:
         self.settings = settings
         self.state = state
         self.clock = clock
-        self.instance = instance or _link_name()
+        self.instance = instance or link_name()
         self.stream = stream_key(settings.fleet)
         self.outbox: deque[tuple[tuple[Any, ...], float]] = deque()
+        self._sampled: set[tuple[TargetKey, str]] = set()  # (target, mode) this instance has told a sample of
         self.fid_of: dict[TargetKey, str] = {}
         self.keys_of: dict[str, list[TargetKey]] = {}
         self.peers = Peers()
@@ -102,12 +80,11 @@ class FleetLink:
         self.lag = 0.0  # seconds from a peer's entry to its fold, the last one
         self.last_id = "0-0"  # the newest entry read; a reconnect catches up from it
         self._warmed = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._urgent = asyncio.Event()  # cuts the send gap short
+        self._urgent = asyncio.Event()  # an event that goes before the tick
         self._task: asyncio.Task[None] | None = None
         self.redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
-        self._told = -HEARTBEAT  # when the loads were last told (monotonic)
+        self._beat_now = True  # the next send tells the loads whatever the tick (a join: live at once)
         self.on_change: Callable[[], None] | None = None  # the members or the link changed: limits re-split
 
     def configure(self, config: Config) -> None:
@@ -123,16 +100,19 @@ class FleetLink:
     # -- the request path's side: one append ------------------------------------------------------
 
     def hear(self, event: tuple[Any, ...]) -> None:
-        """State's listener: queue the change; the publisher sends it in the next batch."""
+        """State's listener: queue the change; the publisher sends it on the next tick, or at once if
+        urgent. Nothing else: the request path wakes no task for a sample (docs/adr/0016)."""
         if len(self.outbox) >= OUTBOX:
             self.outbox.popleft()
             self.drops += 1
         self.outbox.append((event, time.time()))
         self.probes.heard(event)
-        if event[0] in URGENT or (event[0] == "s" and (event[1], event[2]) in self.measures.unmeasured):
-            self._urgent.set()  # a first sample of this target in the mode: peers stop measuring it now
-        if not self._wake.is_set():
-            self._wake.set()
+        series = (event[1], event[2]) if event[0] == "s" else None  # a first sample: peers know it at once
+        if series is not None and (series not in self._sampled or series in self.measures.unmeasured):
+            self._sampled.add(series)
+            self._urgent.set()
+        elif event[0] in URGENT:
+            self._urgent.set()
 
     def asked(self, route: str, mode: str) -> None:
         """A request for ``route`` in ``mode``: its measuring claims are kept (``measures.py``)."""
@@ -151,7 +131,7 @@ class FleetLink:
 
     def share(self, limit: int) -> int:
         """This instance's part of a fleet-wide limit: ``limit`` split among the live members (the
-        peers heard within 2 s and this one) in their names' order, the first ``limit % n`` one
+        peers heard within PEER_LOAD_SECS and this one) in their names' order, the first ``limit % n`` one
         more; all of it while alone. Read from memory: no request awaits Redis (docs/adr/0016)."""
         if not self.connected:
             return limit
@@ -190,8 +170,17 @@ class FleetLink:
         if task is not None:
             task.cancel()
             await asyncio.wait({task}, timeout=2.0)  # a client library that swallows a cancel holds no shutdown
+        await self._flush()
         self._alone("closed", log_it=False)
         await self._disconnect()
+
+    async def _flush(self) -> None:
+        """A stop (a deploy) sends what waits for the tick, within TIMEOUT: the fleet, and this
+        instance's next life warm-starting from the stream, keep what it learnt last."""
+        if self.connected and self.outbox and self.redis is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(TIMEOUT):
+                    await self._send(len(self.outbox))
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN
@@ -249,8 +238,8 @@ class FleetLink:
         self.since = time.time()
         self.state.set_gated(True)
         self.state.listener = self.hear
-        self._told = -HEARTBEAT  # tell the others at once that this instance is live
-        self._wake.set()
+        self._beat_now = True  # tell the others at once that this instance is live
+        self._urgent.set()
         self._warmed.set()
         self._changed()
         log.info("fleet %s: joined as %s via %s (%d events folded in)", self.settings.fleet, self.instance,
@@ -291,37 +280,41 @@ class FleetLink:
     # -- out and in ---------------------------------------------------------------------------------
 
     async def _publish(self) -> None:
+        tick = _next_tick(time.time())
         while True:
-            # An event after a quiet spell goes at once; what arrives while one entry is sent, and
-            # SEND_GAP after it, goes in the next: under load one entry carries many calls' events
-            # (docs/adr/0016, "cost per call"). The heartbeat is told on its own timer.
+            # One entry a tick (the heartbeat: the counts and every event since the last), on the wall
+            # clock's grid so the fleet's entries of one tick reach each reader in one reply; an urgent
+            # event (a breaker's, a first measure) goes at once with what is queued. At concurrency 1 a
+            # call costs no Redis round trip of its own (docs/adr/0016, "one entry a tick").
+            if tick - time.time() > HEARTBEAT:  # the wall clock was set back: the grid from now
+                tick = _next_tick(time.time())
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
-                async with asyncio.timeout(max(0.0, self._told + HEARTBEAT - time.monotonic())):
-                    await self._wake.wait()
-            self._wake.clear()
+                async with asyncio.timeout(max(0.0, tick - time.time())):
+                    await self._urgent.wait()
             self._urgent.clear()
-            if time.monotonic() - self._told >= HEARTBEAT:
+            now = time.time()
+            if (after := served(now, tick)) is not None:
                 self._tell_loads()
-            sent, pending = False, len(self.outbox)  # what came while sending waits for the next turn
-            while pending > 0:
-                n = min(pending, BATCH)
-                pending -= n
-                batch = [self.outbox.popleft() for _ in range(n)]
-                wires = encode(batch, self.fid_of, self.to_wall)
-                if wires:
-                    assert self.redis is not None
-                    try:
-                        await self.redis.xadd(self.stream, {"i": self.instance, "e": dumps(wires)},
-                                              maxlen=STREAM_MAX, approximate=True)
-                    except BaseException:
-                        self.drops += n
-                        raise
-                    sent = True
-                self.events_out += n
-            if sent:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(SEND_GAP):
-                        await self._urgent.wait()
+                tick = after
+            elif self._beat_now:  # a join: live at once, the grid kept
+                self._tell_loads()
+            await self._send(len(self.outbox))  # what comes while sending waits for its turn
+
+    async def _send(self, pending: int) -> None:
+        while pending > 0:
+            n = min(pending, BATCH)
+            pending -= n
+            batch = [self.outbox.popleft() for _ in range(n)]
+            wires = encode(batch, self.fid_of, self.to_wall)
+            if wires:
+                assert self.redis is not None
+                try:
+                    await self.redis.xadd(self.stream, {"i": self.instance, "e": dumps(wires)},
+                                          maxlen=STREAM_MAX, approximate=True)
+                except BaseException:
+                    self.drops += n
+                    raise
+            self.events_out += n
 
     def _tell_loads(self) -> None:
         """This instance's calls in flight per fleet id, every HEARTBEAT (an empty count says this
@@ -332,7 +325,7 @@ class FleetLink:
             fid = self.fid_of.get(key)
             if fid is not None and ts.in_flight:
                 loads[fid] = loads.get(fid, 0) + ts.in_flight
-        self._told = time.monotonic()
+        self._beat_now = False
         self.outbox.append((("n", loads), time.time()))
 
     async def _read(self) -> None:
@@ -363,6 +356,18 @@ class FleetLink:
             with contextlib.suppress(ValueError):
                 self.lag = max(0.0, time.time() - int(entry_id.split("-")[0]) / 1000)
         return applied
+
+
+def _next_tick(now: float) -> float:
+    """The heartbeat's next tick after ``now`` (wall clock): a multiple of HEARTBEAT, the same for
+    every instance (boxes off by a clock skew batch less well together, nothing worse)."""
+    return (now // HEARTBEAT + 1) * HEARTBEAT
+
+
+def served(now: float, tick: float) -> float | None:
+    """The tick after ``tick`` when ``now`` serves it (a timer may fire up to TICK_SLACK early: that
+    beat is this tick's, and the next is a whole tick away), else None (an urgent send before it)."""
+    return None if now < tick - TICK_SLACK else _next_tick(max(now, tick))
 
 
 def _why(exc: BaseException, settings: StateLink) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from proxy.fleet.link import HEARTBEAT
+
 from .conftest import PATH, ROOT, Instance, answering, call, config, target
 
 
@@ -57,7 +59,7 @@ async def test_a_restarted_instance_starts_warm(redis_server, upstreams, instanc
     async with aiohttp.ClientSession() as session:
         for _ in range(3):
             assert await call(session, first) == 200
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(HEARTBEAT + 0.1)  # the samples ride the next tick's entry
         metrics = await first.metrics(session)
         name = (await first.health(session))["fleet"]["instance"]
         first.stop()

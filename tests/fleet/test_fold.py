@@ -102,7 +102,7 @@ def test_members_are_the_peers_heard_lately_and_an_old_heartbeat_is_not_one() ->
     peers.heard("p1", {"u|m": 1}, 10.0, at=9.5)
     peers.heard("old", {}, 10.0, at=5.0)  # a warm start's heartbeat from 5 s ago
     assert peers.members(10.0) == ("p1", "p2")
-    assert peers.members(11.6) == ("p2",)  # p1 told at 9.5: gone after 2 s
-    peers.heard("p3", {}, 11.7)
-    assert peers.members(11.7) == ("p2", "p3")
-    assert peers.members(14.0) == ()
+    assert peers.members(12.6) == ("p2",)  # p1 told at 9.5: gone after 3 s
+    peers.heard("p3", {}, 12.7)
+    assert peers.members(12.7) == ("p2", "p3")
+    assert peers.members(16.0) == ()

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from proxy.fleet import measures
-from proxy.fleet.link import HEARTBEAT, SEND_GAP
+from proxy.fleet.link import BATCH, HEARTBEAT, served
 from proxy.fleet.wire import stream_key
 
 from ..conftest import Proxy, chat_body, openai_provider, status_handler
@@ -209,10 +209,11 @@ async def test_a_slow_redis_costs_requests_nothing(own_redis, upstreams, proxy) 
 
 # What the link sends per call: each stream entry is an XADD here and an XREAD reply at every member,
 # where each peer entry is folded, so the entries an instance sends bound the fleet's cost per call
-# (docs/adr/0016, "cost per call"): in-flight counts go out on the heartbeat, not at each change, and
-# what comes while one entry is being sent, or just after, goes in the next.
+# (docs/adr/0016, "cost per call", "one entry a tick"): in-flight counts go out on the heartbeat, not at
+# each change, and the calls' samples ride the heartbeat's entry; only urgent events go before it.
 
-LOAD_SECS = 1.6  # long enough for three heartbeats under load
+LOAD_SECS = 2.5  # long enough for two heartbeats (and a third) under load
+URGENT_WITHIN = 0.025  # an urgent event is sent within this long, whatever the tick
 
 
 async def test_calls_share_entries_and_in_flight_counts_go_on_the_heartbeat(redis_server, upstreams,
@@ -222,6 +223,7 @@ async def test_calls_share_entries_and_in_flight_counts_go_on_the_heartbeat(redi
     (p,) = await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"up": up.url}))
     client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
     try:
+        await asyncio.sleep(HEARTBEAT)  # the join's beat, told at once off the grid, is in
         first = (await client.xrevrange(stream_key(fleet), count=1) or [(b"0-0", {})])[0][0]
         start = time.monotonic()
         async with aiohttp.ClientSession() as session:
@@ -231,7 +233,7 @@ async def test_calls_share_entries_and_in_flight_counts_go_on_the_heartbeat(redi
 
             statuses = [s for one in await asyncio.gather(*(caller() for _ in range(8))) for s in one]
             assert set(statuses) == {200}
-        await asyncio.sleep(2 * SEND_GAP)  # the last samples sent
+        await asyncio.sleep(2 * HEARTBEAT)  # the last samples sent
         elapsed = time.monotonic() - start
         entries = await client.xrange(stream_key(fleet), min=f"({first.decode()}")
     finally:
@@ -241,10 +243,11 @@ async def test_calls_share_entries_and_in_flight_counts_go_on_the_heartbeat(redi
     beats = sum(e[0] == "n" for e in events)
     assert beats <= elapsed / HEARTBEAT + 2, (beats, elapsed)  # not one per change of a count
     assert beats >= LOAD_SECS / HEARTBEAT - 1, (beats, elapsed)  # and the heartbeat goes on under load
-    assert len(entries) <= elapsed / SEND_GAP + beats + 2, (len(entries), elapsed)
+    # the samples ride the heartbeat's entry (BATCH events at most: a busy tick's take more), and a first measure
+    assert len(entries) <= elapsed / HEARTBEAT + len(events) / BATCH + 2, (len(entries), len(events), elapsed)
 
 
-async def test_a_breaker_opening_does_not_wait_for_the_send_gap(redis_server, upstreams, proxy) -> None:
+async def test_a_breaker_opening_does_not_wait_for_the_tick(redis_server, upstreams, proxy) -> None:
     good = await upstreams({"/v1/chat/completions": ok})
     bad = await upstreams({"/v1/chat/completions": status_handler(503)})
     fleet = f"t-{uuid.uuid4().hex[:8]}"
@@ -256,10 +259,10 @@ async def test_a_breaker_opening_does_not_wait_for_the_send_gap(redis_server, up
     client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
     try:
         async with aiohttp.ClientSession() as session:
-            assert await post(session, p) == 200  # its sample goes at once; the send gap starts
+            assert await post(session, p) == 200  # its first measure goes at once
             async with session.post(p.url + "/v1/chat/completions", json={**CHAT, "model": "bad"}) as resp:
                 assert resp.status >= 500  # the one failure opens the breaker
-        await asyncio.sleep(2 * SEND_GAP)
+        await asyncio.sleep(2 * URGENT_WITHIN)
         entries = await client.xrange(stream_key(fleet))
     finally:
         await client.aclose()
@@ -267,12 +270,12 @@ async def test_a_breaker_opening_does_not_wait_for_the_send_gap(redis_server, up
             for e in orjson.loads(fields[b"e"])]
     (at, opening), = [(at, e) for at, e in sent if e[0] == "o"]
     opened = opening[2] - opening[3]  # its deadline less its cooldown: when it opened, wall clock
-    assert at - opened < SEND_GAP / 2, at - opened  # sent at once, not after what is left of the gap
+    assert at - opened < URGENT_WITHIN, at - opened  # sent at once, not on the next tick
 
 
-async def test_only_a_first_measure_skips_the_send_gap(redis_server, upstreams, proxy) -> None:
+async def test_only_a_first_measure_goes_before_the_tick(redis_server, upstreams, proxy) -> None:
     """One upstream named twice (same base_url and model: one fleet id), one name measured, the other
-    never asked: the measured one's samples are no first measures and wait for the gap like any other
+    never asked: the measured one's samples are no first measures and wait for the tick like any other
     (each went at once when the claims' fleet id decided, one entry per call)."""
     up = await upstreams({"/v1/chat/completions": ok})
     fleet = f"t-{uuid.uuid4().hex[:8]}"
@@ -291,13 +294,13 @@ async def test_only_a_first_measure_skips_the_send_gap(redis_server, upstreams, 
             while time.monotonic() - start < 1.0:  # one after another: each call ends before the next
                 assert await post(session, p) == 200
                 calls += 1
-        await asyncio.sleep(2 * SEND_GAP)
+        await asyncio.sleep(2 * HEARTBEAT)
         elapsed = time.monotonic() - start
         entries = await client.xrange(stream_key(fleet), min=f"({first.decode()}")
     finally:
         await client.aclose()
-    assert calls > 3 * elapsed / SEND_GAP, calls  # the check below can tell one entry per call apart
-    assert len(entries) <= elapsed / SEND_GAP + elapsed / HEARTBEAT + 2, (len(entries), calls, elapsed)
+    assert calls > 3 * elapsed / HEARTBEAT, calls  # the check below can tell one entry per call apart
+    assert len(entries) <= elapsed / HEARTBEAT + 2, (len(entries), calls, elapsed)
 
 
 # What the link does while nothing needs it (docs/adr/0016, "what is per call and what is per
@@ -349,3 +352,131 @@ async def test_a_route_without_traffic_holds_no_claim_and_costs_redis_nothing(ow
                 assert resp.status == 200
     finally:
         await client.aclose()
+
+
+# What the link costs at concurrency 1 (docs/adr/0016, "one entry a tick"): calls one after another,
+# each longer than the old send gap, each sent its sample as its own entry (an XADD here, an XREAD
+# reply at every member, this one included): a Redis round trip per call. Samples now ride the
+# heartbeat's entry, so the commands a second do not grow with the calls.
+
+async def delayed(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    await asyncio.sleep(0.06)  # longer than the old 50 ms send gap: each call's sample found the publisher idle
+    return web.json_response(chat_body("fine"))
+
+
+async def stream_commands(client: aioredis.Redis) -> dict[str, int]:
+    stats = await client.info("commandstats")
+    return {c: stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("xadd", "xread")}
+
+
+async def test_calls_at_concurrency_one_cost_redis_per_second_not_per_call(own_redis, upstreams, proxy) -> None:
+    up = await upstreams({"/v1/chat/completions": delayed})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    (p,) = await fleet_of(1, proxy, fleet_config(own_redis, fleet, {"up": up.url}))
+    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await post(session, p) == 200  # its first measure goes at once
+            await asyncio.sleep(HEARTBEAT)
+            first = (await client.xrevrange(stream_key(fleet), count=1))[0][0]
+            before, start, calls = await stream_commands(client), time.monotonic(), 0
+            while time.monotonic() - start < 2.0:  # one at a time, as a lone client sends them
+                assert await post(session, p) == 200
+                calls += 1
+            elapsed = time.monotonic() - start
+            after = await stream_commands(client)
+        await asyncio.sleep(2 * HEARTBEAT)  # the last samples sent
+        entries = await client.xrange(stream_key(fleet), min=f"({first.decode()}")
+    finally:
+        await client.aclose()
+    assert calls > 2 * (elapsed / HEARTBEAT + 2), calls  # one command per call would fail the bounds below
+    sent = {c: after[c] - before[c] for c in after}
+    assert sent["xadd"] <= elapsed / HEARTBEAT + 2, (sent, calls, elapsed)
+    assert sent["xread"] <= elapsed / HEARTBEAT + 2, (sent, calls, elapsed)
+    events = [e for _, fields in entries for e in orjson.loads(fields[b"e"])]
+    assert sum(e[0] == "s" for e in events) == calls  # every sample still travels
+
+
+async def test_a_stop_sends_what_waits_for_the_tick(redis_server, upstreams, proxy) -> None:
+    """A deploy stops an instance between ticks: its last samples still reach the stream (the fleet's,
+    and its next life's warm start), not lost with the process."""
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    (p,) = await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"up": up.url}))
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(4):  # the first measure goes at once, the other three wait for the tick
+                assert await post(session, p) == 200
+        assert p.gateway.fleet is not None
+        await p.gateway.fleet.close()  # well within the tick
+        entries = await client.xrange(stream_key(fleet))
+    finally:
+        await client.aclose()
+    events = [e for _, fields in entries for e in orjson.loads(fields[b"e"])]
+    assert sum(e[0] == "s" for e in events) == 4, events
+
+
+async def test_a_busy_fleet_costs_redis_per_tick_not_per_call(own_redis, upstreams, proxy) -> None:
+    """Three instances under load: each writes one entry a tick (was one per 50 ms gap), and the ticks
+    share the wall clock's grid, so each reader gathers a tick's entries in a reply or few (it woke
+    for each entry, its own included: up to 50 times a second)."""
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(3, proxy, fleet_config(own_redis, fleet, {"up": up.url}))
+    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for p in ps:
+                assert await post(session, p) == 200
+            await asyncio.sleep(HEARTBEAT)
+            before, start = await stream_commands(client), time.monotonic()
+            turn = itertools.count()
+
+            async def caller() -> int:  # round-robin over the three, each call right after the last
+                calls = 0
+                while time.monotonic() - start < 2.5:
+                    assert await post(session, ps[next(turn) % 3]) == 200
+                    calls += 1
+                return calls
+
+            calls = sum(await asyncio.gather(*(caller() for _ in range(6))))
+            elapsed = time.monotonic() - start
+            after = await stream_commands(client)
+    finally:
+        await client.aclose()
+    ticks = elapsed / HEARTBEAT + 2
+    sent = {c: after[c] - before[c] for c in after}
+    assert calls > 2 * 3 * 3 * ticks, calls  # one command per call would fail the bounds twice over
+    assert sent["xadd"] <= 3 * ticks + calls / BATCH, (sent, calls, elapsed)  # a busy tick's samples: BATCH an entry
+    assert sent["xread"] <= 3 * 3 * ticks, (sent, calls, elapsed)
+
+
+async def test_an_idle_instance_writes_one_entry_a_tick(own_redis, upstreams, proxy) -> None:
+    """The heartbeat's timer may fire a little before the tick; that beat is the tick's, not a reason
+    for another a few milliseconds later (two entries, two reads, where one does)."""
+    up = await upstreams({"/v1/chat/completions": ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    await fleet_of(1, proxy, fleet_config(own_redis, fleet, {"up": up.url}))
+    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        await asyncio.sleep(6 * HEARTBEAT)
+        entries = await client.xrange(stream_key(fleet))
+    finally:
+        await client.aclose()
+    times = [int(entry_id.split(b"-")[0]) / 1000 for entry_id, _ in entries][1:]  # the join's beat is extra
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps and min(gaps) > HEARTBEAT / 2, gaps
+
+
+@pytest.mark.parametrize(("now", "tick", "after"), [
+    pytest.param(9.999, 10.0, 11.0, id="a-timer-a-millisecond-early-serves-the-tick"),
+    pytest.param(10.0, 10.0, 11.0, id="on-time"),
+    pytest.param(10.4, 10.0, 11.0, id="late"),
+    pytest.param(12.3, 10.0, 13.0, id="late-by-more-than-a-tick"),
+    pytest.param(9.9, 10.0, None, id="an-urgent-send-before-the-tick"),
+])
+def test_the_tick_a_send_serves(now: float, tick: float, after: float | None) -> None:
+    assert HEARTBEAT == 1.0
+    assert served(now, tick) == after

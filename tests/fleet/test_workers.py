@@ -19,6 +19,8 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.fleet.link import HEARTBEAT
+
 from ..conftest import promtool
 from .conftest import PATH, ROOT, Box, answered_by, answering, box_config, call, fresh, target, worker_pids
 
@@ -173,7 +175,7 @@ async def test_a_killed_worker_is_replaced_and_answers_within_a_bound_warm(redis
     cut = [s for s in statuses if s != 200]
     assert len(cut) <= 4 and statuses.count(200) >= 156  # only the clients on the killed worker saw an end
     assert f"worker 0 (pid {victim}) killed by SIGKILL" in box.log.read_text()
-    await asyncio.sleep(0.5)  # the last samples have travelled
+    await asyncio.sleep(HEARTBEAT + 0.5)  # the last samples have travelled (they ride the next tick)
     new = await answered_by(box, worker_pids(box)[0][1], 10)
     older = await answered_by(box, worker_pids(box)[1][0], 10)
     assert target(new, "up")["buffered"]["samples"] > 0  # warm: the fleet's samples, not its own few
