@@ -80,7 +80,9 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
                 break
             if data:
                 await response.write(data)
-                _sent(meter, len(data), clock)
+                if meter.first_sent is None:  # inline, not _sent(): a call a read (~700 instructions)
+                    meter.first_sent = clock()
+                meter.sent += len(data)
             if ended:
                 break
             try:

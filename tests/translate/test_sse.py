@@ -148,3 +148,29 @@ def test_a_first_read_that_is_all_content_is_held_as_it_is() -> None:
 ])
 def test_a_passthrough_block_keeps_only_its_answer_lines(block, kept):
     assert answer_lines(block) == kept
+
+
+# Each a read of its own, as a token-paced stream sends them: the one-event shortcut (no regex)
+# must keep exactly what the full look keeps. Each is looked at twice (an event line's verdict is
+# remembered the first time).
+@pytest.mark.parametrize(("block", "kept"), [
+    pytest.param(b'data: {"a":1}\n\n', b'data: {"a":1}\n\n', id="one-data-line"),
+    pytest.param(b"event: content_block_delta\ndata: {}\n\n", b"event: content_block_delta\ndata: {}\n\n",
+                 id="plain-name-and-data"),
+    pytest.param(b"event:ping\r\ndata: {}\n\n", b"event:ping\r\ndata: {}\n\n", id="plain-name-crlf-no-space"),
+    pytest.param(b"event: Odd-9\ndata: {}\n\n", b"data: {}\n\n", id="odd-name-dropped"),
+    pytest.param(b"id: 7\ndata: {}\n\n", b"data: {}\n\n", id="id-then-data"),
+    pytest.param(b"retry: 5\ndata: {}\n\n", b"data: {}\n\n", id="retry-then-data"),
+    pytest.param(b"event: e\nid: 1\n\n", b"event: e\n\n", id="name-then-id"),
+    pytest.param(b"data: {}\nX", b"data: {}", id="data-then-unended-line"),
+    pytest.param(b"data: {}\nX\n", b"data: {}\n", id="data-then-a-line-no-blank"),
+    pytest.param(b": sk-x\n\n", b":\n\n", id="comment-only"),
+    pytest.param(b"\ndata: {}\n\n", b"\ndata: {}\n\n", id="blank-first-line"),
+    pytest.param(b"\n", b"", id="one-newline"),
+    pytest.param(b"event: e\ndata: {}\n\r\n", b"event: e\ndata: {}\n\r\n", id="name-data-crlf-blank"),
+    pytest.param(b"event: e\ndata: {}\nid: 2\n\n", b"event: e\ndata: {}\n\n", id="name-data-id"),
+    pytest.param(b"datum: x\n\n", b"", id="a-field-no-api-has"),
+])
+def test_a_read_of_one_event_keeps_what_the_full_look_keeps(block, kept):
+    assert answer_lines(block) == kept
+    assert answer_lines(block) == kept

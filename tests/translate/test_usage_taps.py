@@ -97,3 +97,69 @@ def test_string_token_counts_are_read_not_added_as_strings():
              "usage": {"prompt_tokens": "12", "completion_tokens": "four"}}
     tap.feed(b"data: " + orjson.dumps(usage) + b"\n\ndata: [DONE]\n\n")
     assert tap.usage == {"prompt_tokens": 12, "completion_tokens": 0, "total_tokens": 12}
+
+
+_PACED_OK = [event("Hel"), event("lo"),
+             b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+             b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n']
+
+
+# A token-paced stream: every event its own read, the tap's shortcut for a read of one JSON data line.
+@pytest.mark.parametrize(("reads", "out", "done", "finished"), [
+    pytest.param([*_PACED_OK, b"data: [DONE]\n\n"], b"".join(_PACED_OK[:3]) + b"data: [DONE]\n\n", True, True,
+                 id="usage-chunk-dropped-done"),
+    pytest.param(_PACED_OK, b"".join(_PACED_OK[:3]), False, True, id="finished-without-done"),
+    pytest.param([event("a"), b"data:[DONE]\n\n"], event("a") + b"data:[DONE]\n\n", True, False, id="done-no-space"),
+    pytest.param([event("a"), b": sk-x\n\n", b"id: 9\n" + event("b")], event("a") + b":\n\n" + event("b"),
+                 False, False, id="comment-and-id-out"),
+    pytest.param([event("a"), b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"error"}]}\n\n'],
+                 event("a") + b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"error"}]}\n\n',
+                 False, False, id="finish-reason-error-is-no-finish"),
+])
+def test_a_paced_openai_stream_read_event_by_event(reads, out, done, finished):
+    tap = OpenAIUsageTap(keep_usage_chunk=False)
+    got = b"".join(tap.feed(read) for read in reads)
+    assert (got, tap.done) == (out, done)
+    assert tap.usage == ({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+                         if len(reads) >= 4 else None)
+    if not done:  # the body ends without [DONE]: whole when a choice said its finish_reason
+        tap.finish()
+        assert tap.done == finished
+
+
+@pytest.mark.parametrize(("read", "problem"), [
+    pytest.param(b'data: {"choices":"oops"}\n\n', "choices is a string", id="choices-not-a-list"),
+    pytest.param(b'data: {"choices":[{"index":0,"delta":{"content":5}}]}\n\n', "delta.content is a number",
+                 id="content-not-a-string"),
+    pytest.param(b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n', "overloaded",
+                 id="error-envelope"),
+])
+def test_a_paced_openai_stream_ends_on_a_wrong_event_after_the_first_token(read, problem):
+    tap = OpenAIUsageTap(keep_usage_chunk=False)
+    assert tap.feed(event("a")) == event("a")
+    with pytest.raises(Exception, match=problem) as caught:
+        tap.feed(read)
+    assert caught.value.partial == b""
+
+
+@pytest.mark.parametrize(("reads", "out", "done"), [
+    pytest.param([b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                  b'"delta":{"type":"text_delta","text":"a"}}\n\n',
+                  b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":4}}\n\n',
+                  b'event: message_stop\ndata: {"type":"message_stop"}\n\n'], None, True, id="usage-and-stop"),
+    pytest.param([b"event: Odd-1\ndata: {}\n\n", b"id: 3\ndata: {}\n\n"], b"data: {}\n\ndata: {}\n\n", False,
+                 id="odd-name-and-id-out"),
+])
+def test_a_paced_anthropic_stream_read_event_by_event(reads, out, done):
+    tap = AnthropicUsageTap()
+    got = b"".join(tap.feed(read) for read in reads)
+    assert got == (b"".join(reads) if out is None else out)
+    assert tap.done == done
+    assert tap.usage == ({"prompt_tokens": 0, "completion_tokens": 4, "total_tokens": 4} if done else None)
+
+
+def test_a_paced_anthropic_text_not_a_string_ends_the_stream():
+    tap = AnthropicUsageTap()
+    with pytest.raises(Exception, match="text is not a string"):
+        tap.feed(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                 b'"delta":{"type":"text_delta","text":5}}\n\n')

@@ -187,16 +187,21 @@ async def test_a_status_no_client_may_act_on_is_refused_and_its_connection_close
 # --- answers nobody asked for ------------------------------------------------------------------
 
 
-def echo_then_stray(delay: float) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
-    """Answers each request with its own body, then ``delay`` later writes the same answer again."""
+def echo_then_stray(delay: float, late: dict[bytes, float] | None = None,
+                    ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """Answers each request with its own body, then ``delay`` later writes the same answer again;
+    ``late`` gets how long after its answer each stray was really written."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             body = await read_request(reader)
             writer.write(reply(body))
             await writer.drain()
+            answered = time.monotonic()
             await asyncio.sleep(delay)
             writer.write(reply(b"stray after " + body))
+            if late is not None:
+                late[b"stray after " + body] = time.monotonic() - answered
 
     return handle
 
@@ -205,8 +210,14 @@ def echo_then_stray(delay: float) -> Callable[[asyncio.StreamReader, asyncio.Str
                                   pytest.param(0.025, id="right-after-the-stray")])
 async def test_three_callers_after_an_answer_never_get_the_stray_that_follows_it(wait: float) -> None:
     """One caller is answered; 20 ms later the upstream repeats that answer unasked. Three callers
-    calling at once (before it, or just after it) must each get their own echo."""
-    server, url, tasks = await raw_server(echo_then_stray(0.02))
+    calling at once (before it, or just after it) must each get their own echo.
+
+    The promise is for a stray within ``QUIET`` of its answer. The upstream here shares the test's
+    event loop, so a stall of the loaded box can write a stray later than that (CI once read a caller
+    given a stray written after the pool had rightly taken the connection back): such a stray is
+    outside the promise and is not counted, and most must come on time for the test to say anything."""
+    late: dict[bytes, float] = {}
+    server, url, tasks = await raw_server(echo_then_stray(0.02, late))
     pool = Pool()
     wrong: list[tuple[bytes, bytes]] = []
 
@@ -223,7 +234,8 @@ async def test_three_callers_after_an_answer_never_get_the_stray_that_follows_it
     finally:
         pool.close()
         await stop(server, tasks)
-    assert not wrong, wrong[:3]
+    assert sum(after < QUIET for after in late.values()) >= len(late) // 2 > 0, late  # the case was met
+    assert not [(mine, got) for mine, got in wrong if late.get(got, 0.0) < QUIET], (wrong[:3], late)
 
 
 async def test_a_stray_answer_while_the_answer_is_still_held_closes_the_connection() -> None:
