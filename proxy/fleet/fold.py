@@ -94,10 +94,12 @@ def _apply(state: State, targets: list[Any], wire: Wire, now: float, to_local: C
         for ts in targets:
             state.heard_failure(ts, now, cooldown, by)
     elif kind == "o":
-        until = min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN)
+        told = to_local(_bounded(wire[2], 0.0, math.inf))
+        until = min(told, now + MAX_COOLDOWN)
         cooldown_secs = _bounded(wire[3], 0.0, MAX_COOLDOWN)
+        opened = min(now, told - cooldown_secs)  # the opener set until = then + cooldown: when it opened, not heard
         for ts in targets:
-            state.heard_open(ts, until, cooldown_secs, by, now)
+            state.heard_open(ts, until, cooldown_secs, by, opened)
     elif kind == "r":
         until = min(to_local(_bounded(wire[2], 0.0, math.inf)), now + MAX_COOLDOWN)
         for ts in targets:

@@ -43,6 +43,13 @@ def test_an_opening_and_a_cooldown_arrive_as_deadlines() -> None:
     assert state.health(("b", "m"), 100.0).cooling == 10.0
 
 
+def test_an_opening_is_stamped_when_it_opened_not_when_it_was_heard() -> None:
+    """Explain's "breaker opened by X at T": T was the fold's own clock, so a loaded box's late read
+    moved it after the call that opened it (a full run read it 15 ms late)."""
+    state, _, _ = folded(["o", "u|m", 1129.0, 30.0], now=100.0)  # opened at 1099 on the peer's wall clock
+    assert state.targets[("a", "m")].breaker_by == ("peer", "opened", 99.0)
+
+
 def test_a_malformed_event_is_skipped_alone() -> None:
     state, _, applied = folded(["s", "u|m", "no-such-mode", 0.2, 1099.0], ["r", "u|m", 1110.0])
     assert applied == 2  # the cooldown, on both names
