@@ -100,47 +100,25 @@ async def test_an_anthropic_text_that_is_not_a_string_before_the_first_token_fai
     failed_over(headers)
 
 
-# A key spelt with a JSON escape (``c\u006fntent`` is ``content``) is the same key to a client's parser, the
-# last of two the one it keeps: here content is an object. The gate's lean first-read path judged the event by
-# its bytes (a ``"content":"x"`` and no suspect field) and committed it unparsed.
+# A first event a client's parser reads otherwise than its bytes suggest. The gate's lean first-read path
+# judged each by its bytes (a ``"content":"..."`` and no suspect field) and committed it unparsed:
+# - a key spelt with a JSON escape (``c\u006fntent`` is ``content``), the last of two the one a parser keeps:
+#   content is an object;
+# - content behind 5,000 nested objects, or followed by 5,000 nested arrays (a reviewer's): the openai SDK's
+#   parser raised RecursionError in the application (the lean path's reach bounded only what came before).
 ESCAPED = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
            b'"delta":{"content":"x","c\\u006fntent":{"a":1}}}]}\n\n')
-
-
-async def test_a_key_spelt_with_an_escape_is_judged_as_the_client_reads_it(upstreams, proxy):
-    bad = await upstreams({"/v1/chat/completions": streaming(ESCAPED, b"data: [DONE]\n\n")})
-    good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
-    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
-                                 {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
-    text, headers = await openai_reads(p.url)
-    assert text == "from-good"
-    failed_over(headers)
-
-
-# A reviewer's first event: content behind 5,000 nested objects. The lean path found ``"content":"hi"`` and
-# committed the event unparsed; the openai SDK's parser then raised RecursionError in the application.
 DEEP = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"x":'
         + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b',"content":"hi"}}]}\n\n')
-
-
-async def test_a_first_event_nested_past_what_a_parser_reads_fails_over(upstreams, proxy):
-    bad = await upstreams({"/v1/chat/completions": streaming(DEEP, b"data: [DONE]\n\n")})
-    good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
-    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
-                                 {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
-    text, headers = await openai_reads(p.url)
-    assert text == "from-good"
-    failed_over(headers)
-
-
-# The same nesting behind the content: the lean path found ``"content":"hi"`` within its reach and
-# committed the event unparsed (its reach bounds what comes before the content, not after it).
 DEEP_AFTER = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
               b'"x":' + b"[" * 5000 + b"]" * 5000 + b"}]}\n\n")
 
 
-async def test_a_first_event_nested_past_what_a_parser_reads_behind_its_content_fails_over(upstreams, proxy):
-    bad = await upstreams({"/v1/chat/completions": streaming(DEEP_AFTER, b"data: [DONE]\n\n")})
+@pytest.mark.parametrize("first", [pytest.param(ESCAPED, id="a-key-spelt-with-an-escape"),
+                                   pytest.param(DEEP, id="nested-past-a-parser-before-the-content"),
+                                   pytest.param(DEEP_AFTER, id="nested-past-a-parser-behind-the-content")])
+async def test_a_first_event_is_judged_as_the_client_reads_it(upstreams, proxy, first: bytes):
+    bad = await upstreams({"/v1/chat/completions": streaming(first, b"data: [DONE]\n\n")})
     good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})
     p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
                                  {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
