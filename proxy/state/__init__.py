@@ -205,6 +205,8 @@ class State:
         ts.breaker.heard_open(until, cooldown)
         if (ts.breaker.state, ts.breaker.open_until) != was:
             ts.breaker_by = (by, "opened", now)
+        elif ts.breaker_by is not None and ts.breaker_by[:2] == (by, "opened") and now < ts.breaker_by[2]:
+            ts.breaker_by = (by, "opened", now)  # its failure opened it here when heard; this says when it opened
 
     def heard_cool(self, ts: TargetState, until: float, by: str, now: float) -> None:
         ts.breaker.cool(until)
