@@ -117,6 +117,7 @@ async def client(strategy: str, urls: dict[str, str], concurrency: int, until: f
                     else:
                         decision = parse_header(resp.headers["x-route-decision"])
                         record["served"], record["extra"] = decision.served, extra_calls(decision.race)
+                        record["header"] = resp.headers["x-route-decision"]
             except (aiohttp.ClientError, KeyError, ValueError):
                 record["ok"] = False
             calls.append(record)
@@ -287,6 +288,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--together", action="store_true",
                    help="every client at once (as before 2026-12-06), not each strategy in turn beside its own")
     p.add_argument("--tag", default="direct")
+    p.add_argument("--dump-calls", action="store_true",
+                   help="keep every call (time, served, its x-route-decision header) in the JSON")
     return p.parse_args(argv)
 
 
@@ -311,6 +314,8 @@ def main(argv: list[str]) -> int:
                 print(f"  retrying: {exc}", file=sys.stderr, flush=True)
                 reps.append(run_once(args, tmp, name, order, configs))
         results[name] = pool(reps, strategies)
+        if args.dump_calls:  # per-request evidence: where a strategy lost time against the direct client
+            results[name]["calls"] = [{"calls": r["calls"], "shifts": r["shifts"]} for r in reps]
     apart = "every client at once" if args.together else "each strategy in turn beside a direct client of its own"
     print(f"\nsimulate-pool --direct: {len(args.scenarios)} scenarios x {args.repeats} repeats, {apart} (cold start "
           f"each repeat), concurrency per client as the scenario's; routes.yaml's chat route: fastest "

@@ -102,6 +102,7 @@ async def load(url: str, concurrency: int, until: float, starts: dict[str, float
                     record["served"] = served = decision.served
                     record["attempts"] = decision.attempts
                     record["race"] = decision.race
+                    record["header"] = resp.headers["x-route-decision"]  # kept by --dump-calls
                     record["extra"] = extra_calls(decision.race)
                     if served in NAMES and not loaded:  # this choice's cost by the schedule, without the wire
                         record["served_ms"] = served_ms(knobs_at(scenario[served], elapsed[served], span),

@@ -153,8 +153,9 @@ def run_once(args: argparse.Namespace, tmp: Path, scenario_name: str, strategy: 
     span = seconds + args.lead
     procs = bench.Procs(tmp)
     try:
-        ports = {name: bench.free_port() for name in NAMES}
-        fb_port = bench.free_port()
+        picked = (pool_direct.free_ports(args.port_base, len(NAMES) + 1) if args.port_base
+                  else [bench.free_port() for _ in range(len(NAMES) + 1)])
+        ports, fb_port = dict(zip(NAMES, picked, strict=False)), picked[-1]
         commands: dict[str, tuple[list[str], int]] = {}
         for i, name in enumerate(NAMES):
             spec = scenario[name]
@@ -229,6 +230,8 @@ def parse_args() -> argparse.Namespace:
                    help="runs per strategy, interleaved with as many oracle runs; ratios over all of them pooled")
     p.add_argument("--dump-calls", action="store_true", help="keep every call's record in the JSON")
     p.add_argument("--tag", default="", help="suffix of the output files (simulate-pool-TAG.json)")
+    p.add_argument("--port-base", type=int, default=None,
+                   help="pick each run's loopback ports from here to here + 99 (default: any free port)")
     args = p.parse_args()
     if args.race_only:
         args.scenarios = [s for s in args.scenarios if s in RACE_SCENARIOS]

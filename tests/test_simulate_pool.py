@@ -175,6 +175,21 @@ async def test_the_direct_client_calls_the_scheduled_best_upstream_itself(direct
     assert {n: len(up.calls) for n, up in ups.items()} == {n: sum(c["oracle"] == n for c in done) for n in "ABC"}
 
 
+async def test_a_proxied_client_keeps_each_calls_route_decision_for_dump_calls(direct: ModuleType, proxy) -> None:
+    """``--dump-calls`` reads where a strategy lost time from each call's header, so the client keeps it."""
+    sim = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 2}}
+    p = await proxy({"providers": {n: sim for n in "ABC"},
+                     "routes": {"pool": {"strategy": "ordered",
+                                         "targets": [{"provider": n, "model": "sim"} for n in "ABC"]}}})
+    scenario = {n: {"first_chunk_ms": 20} for n in "ABC"}
+    now = time.monotonic()
+    done = await direct.client("oracle", {"firstbyte": f"{p.url}/v1/chat/completions"}, 2, now + 0.2,
+                               dict.fromkeys("ABC", now), scenario, 0.2)
+    assert done and all(c["ok"] for c in done)
+    assert all(c["header"].startswith("id=") and f"served={c['served']}" in c["header"] for c in done)
+    assert direct.parse(["--dump-calls", "--port-base", "47200"]).dump_calls
+
+
 def test_each_strategy_is_the_shipped_route_with_its_hedge_as_the_reader_takes_it(direct: ModuleType) -> None:
     shipped = direct.shipped_route()
     chat = make_config({"providers": {"p": {"kind": "simulated"}},

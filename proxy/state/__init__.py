@@ -132,17 +132,20 @@ class State:
         _succeeded(ts, self.instance, now)
 
     def censored(self, ts: TargetState, seconds: float, now: float, mode: str,
-                 behind: float | None = None) -> None:
-        """A lower bound of the target's first token: a measuring call cut at its cap, or a racer
-        cancelled because another won first (a lost race; ``behind``: the winner's figure). The
-        tracker holds one and demotes on two in a row (``state/tracker.py``, docs/adr/0022). The
-        fleet hears the bound as it is lifted over the winner, so a peer demotes alike."""
-        if not ts.retired:
-            bound = seconds if behind is None else max(seconds, behind * DEMOTE_MARGIN)
-            self.tracker.censor(ts.key, bound, now, mode)
-            ts.figure_by = (self.instance, f"{mode} bound", now)
-            if self.listener is not None:
-                self.listener(("c", ts.key, mode, bound))
+                 behind: float | None = None) -> bool:
+        """A lower bound of the target's first token: a measuring call cut at its cap, a racer
+        cancelled because another won first (a lost race; ``behind``: the winner's figure), or a leader
+        past its hedge delay whose hedge the budget refused. The tracker holds one and demotes on two in
+        a row (``state/tracker.py``, docs/adr/0022); True when this one demoted. The fleet hears the
+        bound as it is lifted over the winner, so a peer demotes alike."""
+        if ts.retired:
+            return False
+        bound = seconds if behind is None else max(seconds, behind * DEMOTE_MARGIN)
+        demoted = self.tracker.censor(ts.key, bound, now, mode)
+        ts.figure_by = (self.instance, f"{mode} bound", now)
+        if self.listener is not None:
+            self.listener(("c", ts.key, mode, bound))
+        return demoted
 
     def failed(self, ts: TargetState, now: float, cooldown: Cooldown, kind: str) -> None:
         """A failure that counts against the target (``kind`` is the outcome's word: 503, timeout,

@@ -21,6 +21,10 @@ them before the bucket grows. So a cold route still races at once, and over any 
 the repayment (ten requests a call at ``max_extra: 0.1``) its extra calls stay under ``max_extra``
 of its requests, cold start included (issue 28 measured 10.6-11.1 % over 3 s runs without it).
 
+A leader demoted (two lower bounds in a row, docs/adr/0022) while requests wait on it with their
+hedge refused is raced by them at once on *borrowed* tokens (``borrow``, ``waiting``): advances too,
+repaid before the bucket grows, at most ``CAP`` owed.
+
 It also counts the route's requests and when the route last ran each target (``look``): how
 many requests a figure has gone unlooked at, which paces exploring by the route's traffic
 rather than the clock (``routing/explore.py``, docs/adr/0023).
@@ -29,6 +33,7 @@ rather than the clock (``routing/explore.py``, docs/adr/0023).
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 CAP = 5.0  # tokens a quiet route may save up for a burst of slow answers
 START = 1.0  # a cold route may race its very first request (cold starts are when it pays most); owed
@@ -37,7 +42,7 @@ ROUNDING = 1e-9  # ten deposits of 0.1 make a token, though the floats sum to 0.
 
 
 class HedgeBudget:
-    __slots__ = ("freed", "looked", "looked_at", "owed", "refused", "requests", "share", "tokens")
+    __slots__ = ("freed", "looked", "looked_at", "owed", "refused", "requests", "share", "tokens", "waiting")
 
     def __init__(self, share: float) -> None:
         self.share = share
@@ -48,6 +53,9 @@ class HedgeBudget:
         self.requests = 0  # the route's requests so far (deposits)
         self.looked: dict[Hashable, int] = {}  # (target key, mode) -> the request that last ran it
         self.looked_at: dict[Hashable, float] = {}  # (target key, mode) -> when that run began
+        # (leader key, mode) -> the requests past that leader's hedge delay whose hedge was refused:
+        # re-raced on a borrowed token when the leader is demoted (walk/race.py)
+        self.waiting: dict[Hashable, set[Any]] = {}
 
     def owes_free_measure(self, key: Hashable, measured_at: float | None) -> bool:
         """Would ``key``, unmeasured, race without a token now? Yes once; again only after a sample
@@ -108,6 +116,16 @@ class HedgeBudget:
     def unlooked(self, key: Hashable) -> int:
         """The route's requests since it last ran ``key`` (all of them if it never did). A read."""
         return self.requests - self.looked.get(key, 0)
+
+    def borrow(self) -> bool:
+        """A token advanced (owed, as the start token is) for a call already waiting on a leader just
+        demoted: the next deposits repay it before the bucket grows, so over a run the extra calls still
+        stay within ``max_extra`` of the requests. At most ``CAP`` owed: a demotion with a hundred calls
+        waiting re-races five of them, not a hundred."""
+        if self.owed + 1.0 > CAP + ROUNDING:
+            return False
+        self.owed += 1.0
+        return True
 
     def spend(self) -> None:
         """A token for one extra attempt."""

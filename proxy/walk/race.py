@@ -10,6 +10,9 @@ while nobody races (the leader's attempts run in the request's own task). A race
 - the leader has no first token by ``hedge.after``: the next target starts in a task of its
   own (once per request; measured like a learner when its look is due, ``routing/explore.py``).
   The deadline sweeper watches the timer: a request that never hedges arms none, starts no task.
+  Refused by the budget, the leader's time so far is a lower bound all the same, and the request
+  waits on it: when bounds demote that leader, every request waiting on it races at once on a
+  borrowed token (docs/adr/0023, "An overdue leader").
 
 Who races from the start, who pays and each leader's hedge delay are the plan's (``Opening``,
 ``routing/hedge.py``); the race runs them (:class:`Phase`, :class:`Hedging`) and records in the
@@ -25,14 +28,14 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Mapping
 
-from ..config import Hedge, Provider, Route, Target
+from ..config import Hedge, Provider, Route, Target, TargetKey
 from ..providers import Call
 from ..routing.decision import Attempt, Racer
 from ..routing.hedge import FREE, Opening, measure_cap
 from ..routing.plan import Plan
 from ..state.tracker import BUFFERED, STREAMED
-from .deadlines import Countdown
-from .evidence import lower_bound
+from .evidence import lower_bound, overdue
+from .racer import HedgeTimer, Racing, cut
 from .result import Answered, Committed, Settling, Trail, Walked
 from .slot import Reservation
 from .walker import Walker
@@ -77,52 +80,17 @@ class Hedging(enum.Enum):
     SPENT = "spent"  # a race began (a learner, or the hedge), or the hedge's one chance was refused
 
 
-class _Racer:
-    """A target running in a task of its own beside the leader."""
-    __slots__ = ("cap", "capped", "measuring", "reserved", "started", "target", "task", "trail")
-
-    def __init__(self, target: Target, started: float, measuring: bool, reserved: Reservation) -> None:
-        self.target = target
-        self.started = started
-        self.measuring = measuring  # explored or measured: runs on to its own first token if it loses
-        self.trail = Trail()
-        self.task: asyncio.Task[None] | None = None
-        self.reserved = reserved  # in flight until the racer's task runs
-        self.cap: asyncio.TimerHandle | None = None  # a loser being measured: when it is cut
-        self.capped = False  # the cut came: the cancel is ours, not the loop's
-
-
-def _cut(racer: _Racer) -> None:
-    """The measuring loser's cap: it has taken several times the winner's time, so stop it."""
-    racer.cap = None
-    task = racer.task
-    if task is not None and not task.done():
-        racer.capped = True
-        task.cancel()
-
-
-class _HedgeTimer(Countdown):
-    """Watched by the deadline sweeper like an attempt: it "expires" when the hedge is due."""
-
-    __slots__ = ("race",)
-
-    def __init__(self, started: float, delay: float, race: Race) -> None:
-        Countdown.__init__(self, started, delay)
-        self.race = race
-
-    def expire(self, reason: str) -> None:
-        self.race.hedge_due()
-
-
 class Race:
     # Class-level defaults: a request that never races sets only what __init__ does (per request).
     leader: Target | None = None  # the target running inline now (Phase.LEADING)
     leader_started = 0.0
-    winner: _Racer | None = None  # a racer that committed first
-    rejected: _Racer | None = None  # a racer's client error, kept while another may still answer
+    winner: Racing | None = None  # a racer that committed first
+    rejected: Racing | None = None  # a racer's client error, kept while another may still answer
     later: list[tuple[float, int]] | None = None  # inline leads after a race began: (start, first attempt)
-    timer: _HedgeTimer | None = None
+    timer: HedgeTimer | None = None
     changed: asyncio.Future[None] | None = None  # a racer finished (awaited in Phase.WAITING)
+    overdue: tuple[TargetKey, str] | None = None  # waiting on this leader, its hedge refused (``_rerace``)
+    told = False  # the inline leader's overdue bound was told: one call, one bound
 
     def __init__(self, walker: Walker, route: Route, hedge: Hedge, opening: Opening, call: Call,
                  providers: Mapping[str, Provider], rescued: str | None, left: Left | None = None) -> None:
@@ -141,7 +109,7 @@ class Race:
         self.mode = STREAMED if call.stream else BUFFERED
         self.inline = self.last = Trail()  # the request task's attempts; the last failure's
         self.inline_started = walker.clock()
-        self.racers: list[_Racer] = []
+        self.racers: list[Racing] = []
         self.roles: list[Racer] = []
         self.task = asyncio.current_task()
 
@@ -228,13 +196,17 @@ class Race:
             if self.phase is not Phase.CUTTING or task is None or task.uncancel():
                 raise  # the client left: every racer goes too
             before = self.inline.attempts[-2:-1]  # a lost race is evidence, unless a try of it failed
-            if self.winner is not None and not (before and before[0].name == target.name):
+            if self.winner is not None and not self.told and not (before and before[0].name == target.name):
                 self._bound(target, self.leader_started, self.winner.target)
             return False
         finally:
             self.leader = None
             if self.timer is not None:  # most leaders arm none: no call to disarm it
                 self._disarm()
+            self.told = False
+            if self.overdue is not None:  # no longer waiting on this leader
+                self.budget.waiting.get(self.overdue, set()).discard(self)
+                self.overdue = None
         if not over:
             self.last = self.inline
         return over
@@ -246,20 +218,46 @@ class Race:
             return
         refused = self.hedging is Hedging.REFUSED
         self.hedging = Hedging.SPENT
-        if not self.budget.withdraw(count=not refused):
-            if not refused:  # one request is one refusal, however many racers it wanted
-                self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
+        if self.budget.withdraw(count=not refused):
+            self._hedge()
             return
+        if not refused:  # one request is one refusal, however many racers it wanted
+            self.roles.append(Racer(self.queue[0].name, "budget exhausted"))
+        if self.route.strategy != "fastest":
+            return  # the order is not the figures': a bound would move nobody, a re-race only spend
+        # Past its hedge delay, unraced: a lower bound now, not when a race would have been lost. It
+        # waits on its leader: should the leader be demoted, it races on a borrowed token.
+        leader, waiting = self.leader, self.budget.waiting
+        self.overdue = (leader.key, self.mode)
+        waiting.setdefault(self.overdue, set()).add(self)
+        told = overdue(self.walker.state, self.route.fastest, self.call.stream, leader, self.leader_started,
+                       self.walker.clock(), self.queue[0])
+        self.told = told is not None  # its bound is told: should it lose a race later, that is not told again
+        if told:
+            self._rerace(leader)
+
+    def _hedge(self) -> None:
+        """Start the next target beside the leader, paid for."""
+        assert self.leader is not None
         if not any(role == "leader" for _, role in self.roles):
             self.roles.append(Racer(self.leader.name, "leader"))
         racer = self._start(measuring=self.queue[0].name in self.opening.due)  # a due look: run to its token
         self.roles.append(Racer(racer.target.name, f"hedge {racer.started - self.leader_started:.2f}s"))
 
-    def _start(self, measuring: bool) -> _Racer:
+    def _rerace(self, demoted: Target) -> None:
+        """``demoted`` has just been demoted: every request still waiting on it with its hedge refused
+        races the next target now, on a token of the bucket or a borrowed one (docs/adr/0023, "An overdue leader")."""
+        for race in self.budget.waiting.pop((demoted.key, self.mode), ()):
+            race.overdue = None
+            if (race.leader is not None and race.leader.key == demoted.key and not race._won() and race.queue
+                    and (race.budget.withdraw(count=False) or race.budget.borrow())):
+                race._hedge()
+
+    def _start(self, measuring: bool) -> Racing:
         target = self.queue.pop(0)
         state = self.walker.state
         reserved = Reservation(state, state.target(target.key), not self.call.stream)
-        racer = _Racer(target, self.walker.clock(), measuring, reserved)
+        racer = Racing(target, self.walker.clock(), measuring, reserved)
         if measuring:
             self.budget.look((target.key, self.mode), racer.started)
         self.racers.append(racer)
@@ -267,7 +265,7 @@ class Race:
         task.add_done_callback(lambda _task: reserved.release())  # cancelled before it ever ran
         return racer
 
-    async def _run(self, racer: _Racer) -> None:
+    async def _run(self, racer: Racing) -> None:
         """One racer: its target's attempts. The first to commit wins (and stops the leader); a
         later answer is let go at once: it was measured, not served."""
         racer.reserved.release()  # the attempt's Slot counts it from here on, with no await in between
@@ -311,7 +309,7 @@ class Race:
             if self.changed is not None and not self.changed.done():
                 self.changed.set_result(None)
 
-    def _cancelled(self, racer: _Racer) -> bool:
+    def _cancelled(self, racer: Racing) -> bool:
         """True unless it was our cut at its cap. A hedge that lost its race, or a measure cut at its
         cap, is not blamed: it tells a lower bound of its first token (unless a try of it failed)."""
         task = racer.task
@@ -328,9 +326,11 @@ class Race:
         return False
 
     def _bound(self, target: Target, started: float, winner: Target | None = None, capped: bool = False) -> None:
-        """``target`` had no first token since ``started``: a censored sample (``walk/evidence.py``)."""
-        lower_bound(self.walker.state, self.route.fastest, self.call.stream, target, started, self.walker.clock(),
-                    winner, capped)
+        """``target`` had no first token since ``started``: a censored sample (``walk/evidence.py``).
+        Should it demote ``target``, the requests waiting on it race at once."""
+        if lower_bound(self.walker.state, self.route.fastest, self.call.stream, target, started, self.walker.clock(),
+                       winner, capped) and self.route.strategy == "fastest":
+            self._rerace(target)
 
     def _won(self) -> bool:
         return self.winner is not None or self.inline.served is not None
@@ -346,7 +346,7 @@ class Race:
         """The leader's hedge timer, at the delay the plan gave it (None: a pNN without its samples)."""
         delay = self.opening.hedge_after.get(leader.name)
         if delay is not None:
-            self.timer = _HedgeTimer(self.leader_started, delay, self)
+            self.timer = HedgeTimer(self.leader_started, delay, self)
             self.walker.deadlines.watch_timer(self.timer)
 
     def _disarm(self) -> None:
@@ -354,21 +354,21 @@ class Race:
             self.walker.deadlines.forget_timer(self.timer)
             self.timer = None
 
-    def _arm_cap(self, racer: _Racer, answer: Trail, now: float) -> None:
+    def _arm_cap(self, racer: Racing, answer: Trail, now: float) -> None:
         """Cut ``racer`` once it has run ``measure_cap`` from its start. One loop timer per measuring loser
         (only on a request that raced): the sweeper's coarse interval would make a 0.5 s cap 1 s late."""
         last = answer.attempts[-1] if answer.attempts else None
         cap = measure_cap(self.hedge, None if last is None else last.ttfc)
-        racer.cap = asyncio.get_running_loop().call_later(max(0.0, racer.started + cap - now), _cut, racer)
+        racer.cap = asyncio.get_running_loop().call_later(max(0.0, racer.started + cap - now), cut, racer)
 
-    def _finish(self, trail: Trail, winner: _Racer | None = None) -> Walked:
+    def _finish(self, trail: Trail, winner: Racing | None = None) -> Walked:
         """``trail``'s verdict (the winner's, the inline leader's, or the last failure's) with every attempt
         in the order the targets started; a racer cut short shows ``lost``, one still being measured
         ``measuring``, with its seconds so far (its outcome, once it ends: ``result.Settling``)."""
         if not self.racers:  # nobody raced: the plain walk's result
             return trail.result(tuple(trail.attempts), tuple(self.roles))
         now = self.walker.clock()
-        running: dict[_Racer, Attempt] = {}
+        running: dict[Racing, Attempt] = {}
         kept: list[asyncio.Task[None]] = []
         for racer in self.racers:
             task = racer.task
@@ -385,7 +385,7 @@ class Race:
             result.settling = Settling(tuple(kept), lambda: self._merged(lost))
         return result
 
-    def _merged(self, running: Mapping[_Racer, Attempt]) -> tuple[Attempt, ...]:
+    def _merged(self, running: Mapping[Racing, Attempt]) -> tuple[Attempt, ...]:
         """Every attempt so far in the order the targets started, ``running`` racers' with the word
         given for them (a measuring racer that has ended has its own last attempt instead)."""
         inline = self.inline.attempts

@@ -335,3 +335,92 @@ def test_the_plan_gives_each_leader_its_hedge_delay(hedge: dict[str, Any], setup
 def test_a_pin_has_no_race_to_plan() -> None:
     planned = plan(ABC, Ask("t1", "chat", pin="b"), State(), NOW, random.Random(7))
     assert planned.opening is None
+
+
+# -- a leader past its hedge delay, unraced, is evidence (docs/adr/0023, "An overdue leader") -------------------------
+
+
+def overdue_at(after: float, elapsed: float, hedge: str = "b") -> Any:
+    """A call of ``a`` begun ``after`` seconds past NOW is still without a token ``elapsed`` later, at its hedge
+    delay, and the budget refused the hedge to ``hedge`` (walk/race.py tells ``overdue``)."""
+    def setup(s: State) -> None:
+        from proxy.walk.evidence import overdue  # the race's door to the state
+        route = STEADY.routes["chat"]
+        leader, target = (next(x for x in route.targets if x.name == n) for n in ("a", hedge))
+        s.budget("chat", 0.1).tokens = 0.0
+        overdue(s, route.fastest, True, leader, NOW + after, NOW + after + elapsed, target)
+
+    return setup
+
+
+def answered(name: str, secs: float, after: float) -> Any:
+    def setup(s: State) -> None:
+        s.tracker.record((name, "m"), secs, NOW + after + secs)
+
+    return setup
+
+
+STEADY = config("fastest", [t("a"), t("b"), t("c")], fastest={"explore": 0},
+                hedge={"after": "p90", "max_extra": 0.1, "refresh": 30})
+WARM = (fig("a", *[0.04] * 10), fig("b", *[0.1] * 10), fig("c", *[0.4] * 10))
+
+
+@pytest.mark.parametrize(
+    ("setups", "first"),
+    [
+        pytest.param((), "a", id="a-leads-on-its-figure"),
+        pytest.param((overdue_at(0.0, 0.05),), "a", id="one-call-past-its-p90-is-held-not-averaged"),
+        pytest.param((overdue_at(0.0, 0.05), overdue_at(0.01, 0.05)), "b",
+                     id="two-in-a-row-demote-it-behind-the-hedges-target-while-they-still-run"),
+        pytest.param((overdue_at(0.0, 0.05), answered("a", 0.04, 0.02), overdue_at(0.1, 0.05)), "a",
+                     id="a-faster-answer-between-clears-it-a-stall-one-call-in-ten"),
+        pytest.param((overdue_at(0.0, 0.05), answered("a", 0.3, 0.02), overdue_at(0.4, 0.08)), "b",
+                     id="a-slower-answer-between-confirms-it"),
+        pytest.param((overdue_at(0.0, 0.03), overdue_at(0.01, 0.03)), "a",
+                     id="not-past-its-own-figure-says-nothing"),
+        pytest.param((fig("b"), overdue_at(0.0, 0.05, "c"), overdue_at(0.01, 0.05, "c")), "b",
+                     id="demoted-behind-the-target-the-hedge-would-have-started"),
+    ],
+)
+def test_a_leader_overdue_with_its_hedge_refused_is_a_lower_bound(setups: tuple[Any, ...], first: str) -> None:
+    state = State()
+    for setup in (*WARM, *setups):
+        setup(state)
+    planned = plan(STEADY, Ask("t1", "chat"), state, NOW + 1.0, random.Random(7))
+    assert planned.targets[0].name == first, planned.decision.header()
+
+
+def test_an_overdue_leader_is_not_held_behind_an_unmeasured_hedge() -> None:
+    """Nothing to rank it behind: the unmeasured target is owed a measure of its own."""
+    from proxy.walk.evidence import overdue
+
+    state = State()
+    fig("a", *[0.04] * 10)(state)
+    route = STEADY.routes["chat"]
+    a, b = route.targets[0], route.targets[1]
+    for i in range(3):
+        assert not overdue(state, route.fastest, True, a, NOW + i, NOW + i + 0.05, b)
+    assert state.tracker.held(a.key) == 0
+
+
+@pytest.mark.parametrize(
+    ("owed", "borrows", "granted"),
+    [
+        pytest.param(0.0, 3, [True, True, True], id="a-warm-route-borrows"),
+        pytest.param(0.0, 7, [True] * 5 + [False] * 2, id="at-most-cap-owed"),
+        pytest.param(4.5, 2, [False, False], id="a-cold-route-owing-its-advances-borrows-less"),
+        pytest.param(3.5, 3, [True, False, False], id="up-to-the-cap-with-what-it-owes"),
+    ],
+)
+def test_a_re_race_borrows_a_token_the_next_deposits_repay(owed: float, borrows: int, granted: list[bool]) -> None:
+    budget = HedgeBudget(0.1)
+    budget.tokens, budget.owed = 0.0, owed
+    assert [budget.borrow() for _ in range(borrows)] == granted
+    lent = sum(granted)
+    for _ in range(round((owed + lent) * 10) - 1):
+        budget.deposit()
+    assert budget.tokens == pytest.approx(0.0) and budget.owed > 0  # repaid first: the bucket has not grown
+    budget.deposit()
+    budget.deposit()
+    assert budget.owed == 0.0 and budget.tokens == pytest.approx(0.1)
+    assert CAP == 5.0

@@ -861,6 +861,91 @@ async def test_a_leader_that_stalls_on_one_call_in_ten_keeps_its_place(upstreams
     assert leaders == ["a"] * len(decisions)
 
 
+async def _spent(upstreams: Any, proxy: Any, a: Timed, b: Timed, strategy: str = "fastest") -> Any:
+    """The pool of ``_pool`` with a budget that pays for no hedge: ``max_extra`` too small to earn a
+    token in the test, and the start token spent, as a busy route's looks leave its bucket."""
+    ups, p = await race_proxy(upstreams, proxy, {"a": a, "b": b}, strategy=strategy,
+                              fastest={"explore": 0}, hedge={"after": "p90", "max_extra": 0.001, "refresh": 30})
+    for _ in range(12):
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True})
+    await settle(a, b, want=len(a.starts) + len(b.starts))
+    state = p.gateway.state
+    assert state.figure(("a", "m"), Fastest(), p.gateway.clock()) < 0.08
+    state.budgets["chat"].tokens = min(state.budgets["chat"].tokens, 0.0)
+    return p
+
+
+async def test_a_degrading_leader_whose_hedges_the_budget_refuses_is_demoted_by_its_overdue_calls(upstreams, proxy):
+    """docs/adr/0023, "An overdue leader": two calls of the leader in a row past its p90 with the hedge refused
+    are two lower bounds, as two lost races are: a is demoted while its calls still run, so the next
+    request leads with b. Before, a's own 250 ms answers reached its EWMA (alpha 0.1) a tenth at a
+    time: after two of them a's figure read 80 ms, still ahead of b's 100 ms."""
+    degraded = {"at": None}
+    a = Shifting(lambda n: 0.25 if degraded["at"] is not None else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _spent(upstreams, proxy, a, b)
+    degraded["at"] = len(a.starts)  # 40 -> 250 ms
+    both = await asyncio.gather(*(p.post("/v1/chat/completions", {**CHAT, "stream": True}) for _ in range(2)))
+    assert [decision_of(h).order_names[0] for _, h, _ in both] == ["a", "a"]
+    after = await _leads(p, 3)
+    assert [d.order_names[0] for d in after] == ["b"] * 3, [d.order for d in after]
+
+
+async def test_requests_waiting_on_a_leader_just_demoted_race_at_once_on_borrowed_tokens(upstreams, proxy):
+    """docs/adr/0023, "An overdue leader": the second overdue call demotes a; both calls still waiting on it
+    (their hedges refused) then start b, on tokens the route borrows and its next deposits repay.
+    Each is served by b at about a's p90 + 100 ms, not by a at 250 ms. Before, both waited for a."""
+    degraded = {"at": None}
+    a = Shifting(lambda n: 0.25 if degraded["at"] is not None else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _spent(upstreams, proxy, a, b)
+    budget = p.gateway.state.budgets["chat"]
+    owed = budget.owed
+    degraded["at"] = len(a.starts)
+    both = [decision_of(h) for _, h, _ in await asyncio.gather(
+        *(p.post("/v1/chat/completions", {**CHAT, "stream": True}) for _ in range(2)))]
+    assert [d.served for d in both] == ["b", "b"], [d.race for d in both]
+    assert all([n for n, role in d.race if role.startswith("hedge")] == ["b"] for d in both), [d.race for d in both]
+    assert budget.owed == pytest.approx(owed + 2 - 2 * 0.001)  # two borrowed, less the two requests' deposits
+    assert not budget.waiting.get((("a", "m"), "streamed"))  # nobody is left waiting on a
+    # One call, one bound: each told its overdue bound, and losing to its re-race later tells no second
+    # (a stalled call re-raced a second later would otherwise restart a's figure at a second).
+    assert p.gateway.state.tracker.held(("a", "m")) == 2
+
+
+async def test_an_ordered_route_tells_no_overdue_bound_and_borrows_nothing(upstreams, proxy):
+    """The rule is ``fastest``'s: an ordered route's order is not its figures, so a bound would move
+    nobody and a re-race would only spend past ``max_extra`` (test_the_budget_stops_hedges_past_max_extra
+    counts each request as hedged or refused, never both). Before, a loaded machine's late hedge timers
+    made it re-race there too."""
+    degraded = {"at": None}
+    a = Shifting(lambda n: 0.25 if degraded["at"] is not None else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _spent(upstreams, proxy, a, b, strategy="ordered")
+    for _ in range(3):  # b measured too (pinned), so a bound could be held behind its figure
+        await p.post("/v1/chat/completions", {**CHAT, "stream": True}, {"x-route-provider": "b"})
+    assert p.gateway.state.figure(("b", "m"), Fastest(), p.gateway.clock()) is not None
+    owed = p.gateway.state.budgets["chat"].owed
+    degraded["at"] = len(a.starts)
+    both = [decision_of(h) for _, h, _ in await asyncio.gather(
+        *(p.post("/v1/chat/completions", {**CHAT, "stream": True}) for _ in range(2)))]
+    assert [d.served for d in both] == ["a", "a"], [d.race for d in both]
+    assert [d.race for d in both] == [(("b", "budget exhausted"),)] * 2
+    assert p.gateway.state.tracker.held(("a", "m")) == 0
+    assert p.gateway.state.budgets["chat"].owed <= owed
+
+
+async def test_a_leader_stalling_on_one_call_in_ten_with_its_hedges_refused_keeps_its_place(upstreams, proxy):
+    """The same rule, the stall scenario: each stalled call is overdue (a bound held, the hedge
+    refused), the next call answers in 40 ms and clears it. a leads every request."""
+    a = Shifting(lambda n: 0.4 if n % 10 == 9 else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _spent(upstreams, proxy, a, b)
+    decisions = await _leads(p, 25)
+    assert sum(d.served == "a" for d in decisions) == 25
+    assert [d.order_names[0] for d in decisions] == ["a"] * 25, [d.order for d in decisions]
+
+
 def test_a_demoted_leader_goes_behind_the_winner_as_the_order_ranks_it_not_its_stale_average() -> None:
     from proxy.config import Target
     from proxy.state import State
