@@ -23,7 +23,9 @@ of its requests, cold start included (issue 28 measured 10.6-11.1 % over 3 s run
 
 A leader demoted (two lower bounds in a row, docs/adr/0022) while requests wait on it with their
 hedge refused is raced by them at once on *borrowed* tokens (``borrow``, ``waiting``): advances too,
-repaid before the bucket grows, at most ``CAP`` owed.
+repaid before the bucket grows, at most ``CAP`` owed. A refused hedge is such evidence only once the route
+has ``earned`` a token of its own (its cold start's advances repaid once): before, every refusal is the
+advances', whatever the leader does (docs/adr/0023, "Not in the cold start").
 
 It also counts the route's requests and when the route last ran each target (``look``): how
 many requests a figure has gone unlooked at, which paces exploring by the route's traffic
@@ -42,13 +44,14 @@ ROUNDING = 1e-9  # ten deposits of 0.1 make a token, though the floats sum to 0.
 
 
 class HedgeBudget:
-    __slots__ = ("freed", "looked", "looked_at", "owed", "refused", "requests", "share", "tokens", "waiting")
+    __slots__ = ("earned", "freed", "looked", "looked_at", "owed", "refused", "requests", "share", "tokens", "waiting")
 
     def __init__(self, share: float) -> None:
         self.share = share
         self.tokens = START
         self.owed = START  # advanced calls (the start token, free measures) the next deposits repay first
         self.refused = 0
+        self.earned = False  # a deposit has grown the bucket: the cold start's advances were repaid once
         self.freed: dict[Hashable, float] = {}  # (target key, mode) -> when its free measure started
         self.requests = 0  # the route's requests so far (deposits)
         self.looked: dict[Hashable, int] = {}  # (target key, mode) -> the request that last ran it
@@ -87,6 +90,8 @@ class HedgeBudget:
         gain = self._gain(self.share)
         owed = self.owed - (self.share - gain)
         self.owed = owed if owed > ROUNDING else 0.0
+        if gain > 0.0:
+            self.earned = True
         tokens = self.tokens + gain
         self.tokens = CAP if tokens > CAP else tokens
 

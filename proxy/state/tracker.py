@@ -17,7 +17,10 @@ ten must keep its place and its hedge percentile. ``DEMOTE_AFTER`` bounds in a r
 between them) say the old figure describes another moment: the series restarts from the bounds,
 each lifted over ``behind`` (the figure of the target that won) by ``DEMOTE_MARGIN``, so the leader
 ranks behind the target it lost to whatever that target's figure says on paper. An answer faster
-than the smallest held bound clears them; a slower one confirms them and leaves them held.
+than the smallest held bound clears them, and gives a figure they demoted back the history the
+demotion set aside, with that answer (they were stalls: a box that stalled on two calls must not
+restart a leader's figure, docs/adr/0023 "Not in the cold start"); a slower one confirms them,
+leaves them held and lets that history go.
 
 Samples stand in the order their calls *began*: a slow call that began before two fast ones and
 ends after them (a look at a target taken just before it recovered) goes behind them, so it is not
@@ -69,6 +72,7 @@ class Series:
     starts: deque[float] = field(default_factory=lambda: deque(maxlen=REORDER + 1))  # the newest samples' starts
     settled: dict[float, float | None] = field(default_factory=dict)  # each EWMA over all samples but those
     ranked: list[float] = field(default_factory=list)  # the newest RECENT samples, sorted (a hedge's pNN)
+    before: Series | None = None  # the history a demotion set aside, until an answer confirms or refutes it
 
     def fit(self, load: int, seconds: float) -> None:
         m = self.moments
@@ -138,6 +142,7 @@ class Series:
         return value
 
     def restart(self) -> None:
+        self.before = None
         self.samples.clear()
         self.ewma.clear()
         self.moments = None
@@ -165,12 +170,21 @@ class Series:
         if len(self.held) < DEMOTE_AFTER:
             self.dated(now)  # a stall until the next says otherwise: the figure stands
             return False
-        held = list(self.held)
+        held, before = list(self.held), self.before or self._set_aside()
         self.restart()
-        self.held = held
+        self.held, self.before = held, before
         for value in held:
             self.add(value, now, stale_after, timed=False)
         return True
+
+    def _set_aside(self) -> Series:
+        """This history as a series of its own (its containers moved, not copied: a demotion may come
+        on a full window), this one left empty for the bounds."""
+        aside = Series(self.samples, self.count, self.newest_at, self.ewma, self.moments, self.load_slope,
+                       [], self.starts, self.settled, self.ranked)
+        self.samples, self.ewma, self.settled, self.ranked = deque(maxlen=MAX_WINDOW), {}, {}, []
+        self.starts = deque(maxlen=REORDER + 1)
+        return aside
 
     def smoothed(self, alpha: float) -> float:
         value = self.ewma.get(alpha)
@@ -209,7 +223,11 @@ class Tracker:
         if series is None:
             series = by_key[key] = Series()
         if series.held and seconds < min(series.held):
+            if series.before is not None:  # they demoted it: the history they set aside stands again
+                series = by_key[key] = series.before
             series.held.clear()  # faster than every lost race said: those were stalls
+        elif series.held:
+            series.before = None  # as slow as they said: the demotion stands
         series.add(seconds, now, self.stale_after)
         if load is not None:
             series.fit(load, seconds)

@@ -12,7 +12,10 @@ bound as short as the winner's time would make it measured and hide it. A measur
 A leader still without a token at its hedge delay whose hedge the budget refused (``overdue``) is
 the same evidence, told at that moment rather than when the race is lost: its time so far, held
 behind the target the hedge would have started (docs/adr/0023, "An overdue leader"). A hedge the budget paid
-for tells it when the race ends instead (won or lost), so one call tells one bound at most.
+for tells it when the race ends instead (won or lost), so one call tells one bound at most. Not in a
+route's cold start (``HedgeBudget.earned``): there every hedge is refused for the start's advances, the
+hedge delay is the most of a few samples and the hedge's figure one measure, so a box's stall on two
+calls demoted the leader (docs/adr/0023, "Not in the cold start").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from ..config import Fastest, Target
 from ..routing.ordering import fastest_figures
 from ..state import State
+from ..state.budget import HedgeBudget
 from ..state.tracker import BUFFERED, STREAMED
 
 
@@ -40,12 +44,15 @@ def lower_bound(state: State, policy: Fastest, stream: bool, target: Target, sta
 
 
 def overdue(state: State, policy: Fastest, stream: bool, leader: Target, started: float, now: float,
-            hedge: Target) -> bool | None:
-    """``leader``, begun at ``started``, is past its hedge delay and the budget refused ``hedge``:
+            hedge: Target, budget: HedgeBudget) -> bool | None:
+    """``leader``, begun at ``started``, is past its hedge delay and ``budget`` refused ``hedge``:
     its time so far is a lower bound, held behind ``hedge``'s figure. Not told while ``hedge`` is
-    unmeasured (nothing to rank behind: it is owed a measure of its own). As ``lower_bound``: True
-    when it demoted, None when nothing was told (then the call may still tell a lost race)."""
+    unmeasured (nothing to rank behind: it is owed a measure of its own), nor before the route has
+    earned a token (a cold start's refusals). As ``lower_bound``: True when it demoted, None when
+    nothing was told (then the call may still tell a lost race)."""
     mode = STREAMED if stream else BUFFERED
+    if not budget.earned:
+        return None
     if fastest_figures([hedge], state, policy, now, mode)[hedge.name] is None:
         return None
     return lower_bound(state, policy, stream, leader, started, now, hedge)

@@ -231,7 +231,7 @@ class Race:
         self.overdue = (leader.key, self.mode)
         waiting.setdefault(self.overdue, set()).add(self)
         told = overdue(self.walker.state, self.route.fastest, self.call.stream, leader, self.leader_started,
-                       self.walker.clock(), self.queue[0])
+                       self.walker.clock(), self.queue[0], self.budget)
         self.told = told is not None  # its bound is told: should it lose a race later, that is not told again
         if told:
             self._rerace(leader)

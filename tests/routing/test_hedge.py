@@ -340,15 +340,17 @@ def test_a_pin_has_no_race_to_plan() -> None:
 # -- a leader past its hedge delay, unraced, is evidence (docs/adr/0023, "An overdue leader") -------------------------
 
 
-def overdue_at(after: float, elapsed: float, hedge: str = "b") -> Any:
+def overdue_at(after: float, elapsed: float, hedge: str = "b", cold: bool = False) -> Any:
     """A call of ``a`` begun ``after`` seconds past NOW is still without a token ``elapsed`` later, at its hedge
-    delay, and the budget refused the hedge to ``hedge`` (walk/race.py tells ``overdue``)."""
+    delay, and the budget refused the hedge to ``hedge`` (walk/race.py tells ``overdue``); ``cold``: refused
+    for the cold start's advances, the route having earned no token yet."""
     def setup(s: State) -> None:
         from proxy.walk.evidence import overdue  # the race's door to the state
         route = STEADY.routes["chat"]
         leader, target = (next(x for x in route.targets if x.name == n) for n in ("a", hedge))
-        s.budget("chat", 0.1).tokens = 0.0
-        overdue(s, route.fastest, True, leader, NOW + after, NOW + after + elapsed, target)
+        budget = s.budget("chat", 0.1)
+        budget.tokens, budget.owed, budget.earned = (0.0, 3.0, False) if cold else (0.0, 0.0, True)  # or spent
+        overdue(s, route.fastest, True, leader, NOW + after, NOW + after + elapsed, target, budget)
 
     return setup
 
@@ -378,6 +380,8 @@ WARM = (fig("a", *[0.04] * 10), fig("b", *[0.1] * 10), fig("c", *[0.4] * 10))
                      id="a-slower-answer-between-confirms-it"),
         pytest.param((overdue_at(0.0, 0.03), overdue_at(0.01, 0.03)), "a",
                      id="not-past-its-own-figure-says-nothing"),
+        pytest.param((overdue_at(0.0, 0.05, cold=True), overdue_at(0.01, 0.05, cold=True)), "a",
+                     id="in-the-cold-start-a-refusal-is-the-advances-and-says-nothing"),
         pytest.param((fig("b"), overdue_at(0.0, 0.05, "c"), overdue_at(0.01, 0.05, "c")), "b",
                      id="demoted-behind-the-target-the-hedge-would-have-started"),
     ],
@@ -398,8 +402,10 @@ def test_an_overdue_leader_is_not_held_behind_an_unmeasured_hedge() -> None:
     fig("a", *[0.04] * 10)(state)
     route = STEADY.routes["chat"]
     a, b = route.targets[0], route.targets[1]
+    budget = state.budget("chat", 0.1)
+    budget.tokens, budget.owed, budget.earned = 0.0, 0.0, True
     for i in range(3):
-        assert not overdue(state, route.fastest, True, a, NOW + i, NOW + i + 0.05, b)
+        assert not overdue(state, route.fastest, True, a, NOW + i, NOW + i + 0.05, b, budget)
     assert state.tracker.held(a.key) == 0
 
 
