@@ -170,7 +170,7 @@ class Series:
         if len(self.held) < DEMOTE_AFTER:
             self.dated(now)  # a stall until the next says otherwise: the figure stands
             return False
-        held, before = list(self.held), self.before or self._set_aside()
+        held, before = list(self.held), self.before if self.before is not None else self._set_aside()
         self.restart()
         self.held, self.before = held, before
         for value in held:
@@ -180,8 +180,9 @@ class Series:
     def _set_aside(self) -> Series:
         """This history as a series of its own (its containers moved, not copied: a demotion may come
         on a full window), this one left empty for the bounds."""
-        aside = Series(self.samples, self.count, self.newest_at, self.ewma, self.moments, self.load_slope,
-                       [], self.starts, self.settled, self.ranked)
+        aside = Series(samples=self.samples, count=self.count, newest_at=self.newest_at, ewma=self.ewma,
+                       moments=self.moments, load_slope=self.load_slope, starts=self.starts, settled=self.settled,
+                       ranked=self.ranked)
         self.samples, self.ewma, self.settled, self.ranked = deque(maxlen=MAX_WINDOW), {}, {}, []
         self.starts = deque(maxlen=REORDER + 1)
         return aside
