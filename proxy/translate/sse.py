@@ -183,7 +183,25 @@ def _one_event(block: bytes) -> bool:
     return plain
 
 
-def answer_lines(block: bytes) -> bytes:
+_PLAIN_NAME = re.compile(r"[a-z_.]{1,64}")
+
+
+def _named_by_type(event: bytes, lines: list[bytes]) -> list[bytes]:
+    """``lines`` of an event whose ``event:`` name was dropped (no API uses it), named by its data's
+    ``type`` when that is a plain name: Anthropic names every event by its type, and its SDK reads an
+    event by its name, ignoring one without (a ``content_block_delta`` under ``event: X-SECRET`` lost
+    its text silently). Only a block that had an odd name comes here."""
+    if not (event.startswith(b"event:") or event.find(b"\nevent:") >= 0) or any(
+            line.startswith(b"event:") for line in lines):
+        return lines
+    payload = json_object(event)
+    kind = payload.get("type") if payload is not None else None
+    if not isinstance(kind, str) or _PLAIN_NAME.fullmatch(kind) is None:
+        return lines
+    return [b"event: " + kind.encode(), *lines]
+
+
+def answer_lines(block: bytes, by_type: bool = False) -> bytes:
     """``block`` with only what a client reads as the answer: ``data`` and ``event`` lines.
 
     A passthrough stream is otherwise relayed as it is, and an upstream's SSE comments
@@ -191,13 +209,16 @@ def answer_lines(block: bytes) -> bytes:
     key it was sent included, and no client of an LLM API needs them; nor is an ``event:`` name that
     no API uses. A comment's text is cut (an event that was only comments becomes a bare ``:``, so
     a keep-alive still keeps the connection alive); any other line is dropped. Costs a search per
-    block when there is none."""
+    block when there is none. ``by_type`` (an Anthropic stream): an event whose name was dropped is
+    named by its data's ``type`` instead (``_named_by_type``)."""
     if not block or _one_event(block) or ((block.startswith(b"data:") or _PLAIN_EVENT.match(block) is not None)
                                           and _ASIDE.search(block) is None):
         return block
     out = []
     for event in split_events(block):
         lines = [line for line in event.split(b"\n") if _answer_line(line)]
+        if by_type:
+            lines = _named_by_type(event, lines)
         if any(line.startswith((b"data", b"event:")) for line in lines):
             out.append(b"\n".join(lines))  # its blank lines kept: it ends as it ended
         elif event.lstrip().startswith(b":"):

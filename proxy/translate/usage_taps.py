@@ -253,7 +253,7 @@ class AnthropicUsageTap:
 
     def feed(self, data: bytes) -> bytes:
         framer = self._framer  # a read that ends on an event boundary needs no framing (two rfinds)
-        block = answer_lines(data if not framer.pending and data.endswith(b"\n\n") else framer.complete(data))
+        block = answer_lines(data if not framer.pending and data.endswith(b"\n\n") else framer.complete(data), True)
         if block.find(b'"message_stop"') >= 0:
             self.done = True
         if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
@@ -273,7 +273,7 @@ class AnthropicUsageTap:
         return block
 
     def finish(self) -> bytes:
-        return answer_lines(self._framer.rest())
+        return answer_lines(self._framer.rest(), True)
 
     def error_event(self, message: str) -> bytes:
         """The relay's closing event for a failed stream, in Anthropic's shape."""
