@@ -5,7 +5,7 @@ would (``lease.translator``) and return the bytes they are fed, whole events at
 a time. They only look inside an event when its block holds a usage object,
 which in practice is the last event or two of a stream: a regex search over
 each block is the whole cost of the common case. What is not the answer (SSE
-comments' text, ``id:`` and ``retry:`` lines) is taken out (``sse.answer_lines``).
+comments' text, ``id:`` and ``retry:`` lines) is taken out (``passthrough.answer_lines``).
 
 A key is looked for with ``block.find(key) >= 0``, not ``key in block``: on bytes, ``in`` first
 tries the key as an integer and raises and drops a TypeError (CPython 3.11), which cost more than
@@ -38,11 +38,11 @@ from .chunk_types import (
     text_problem,
 )
 from .first_token import error_of
+from .passthrough import answer_lines
 from .sse import (
     INVALID_STREAM,
     WRONG_TYPES,
     EventFramer,
-    answer_lines,
     data_frame,
     data_of,
     event_around,
