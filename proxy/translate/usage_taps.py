@@ -215,10 +215,18 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
 def _raise_on_deep(block: bytes, error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
     """An event nested past what a client's parser reads ends the stream, well typed or not: no type
     search finds ``"content":"x","x":[[[...]]]``, and the openai SDK raised ``RecursionError`` in the
-    application. The pieces between blank lines are measured first, in C (a read of ordinary chunks
-    stops there: ~1 % of the tap's cost on a 64 KB read); then only an event long enough, with
-    brackets enough, is parsed and walked (``nested_too_deep``)."""
-    if max(map(len, block.split(b"\n\n"))) < DEEP_BYTES:  # a CRLF stream's pieces are longer: only slower
+    application. Such an event is DEEP_BYTES long or more: from each event's start, the last blank line
+    within DEEP_BYTES (one ``rfind`` in C) says every event up to it is shorter, and the next look
+    starts after it, so a read of ordinary events is cleared in a few looks per kilobyte. Only an event
+    with no blank line within DEEP_BYTES of its start is looked at: its events split, and one long
+    enough, with brackets enough, parsed and walked."""
+    start, end = 0, len(block)
+    while end - start >= DEEP_BYTES:
+        found = block.rfind(b"\n\n", start, start + DEEP_BYTES)
+        if found < 0 and (found := block.rfind(b"\n\r\n", start, start + DEEP_BYTES)) < 0:
+            break  # an event this long, maybe
+        start = found + 2
+    else:
         return
     events = split_events(block)
     for i, event in enumerate(events):
