@@ -195,21 +195,11 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
     it (docs/apis.md). Only an event ``suspect`` finds is parsed and judged; one that orjson cannot
     read (nested past 1,024 levels, a number past a double) would break the client's parser the same
     way (the openai SDK raised ``RecursionError``), so it ends the stream too."""
-    events = split_events(block)
-    for i, event in enumerate(events):
-        if suspect.search(event) is None:
-            continue
-        try:
-            payload = orjson.loads(data_of(event))
-        except orjson.JSONDecodeError as unread:
-            message = f"an upstream event could not be read as JSON ({unread})"
-        else:
-            problem = judge(payload) if type(payload) is dict else None
-            message = f"{WRONG_TYPES} ({problem})" if problem is not None else ""
-        if message:
-            exc = error(message, INVALID_STREAM)
-            exc.partial = b"".join(events[:i])
-            raise exc
+    def wrong(payload: Any) -> str:
+        problem = judge(payload) if type(payload) is dict else None
+        return f"{WRONG_TYPES} ({problem})" if problem is not None else ""
+
+    _raise_at(block, lambda event: suspect.search(event) is not None, wrong, error)
 
 
 def _raise_on_deep(block: bytes, error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
@@ -228,21 +218,28 @@ def _raise_on_deep(block: bytes, error: type[OpenAIStreamError] | type[Anthropic
         start = found + 2
     else:
         return
+    _raise_at(block, lambda event: len(event) >= DEEP_BYTES and event.count(b"[") + event.count(b"{") > MAX_CHUNK_DEPTH,
+              lambda payload: TOO_DEEP if deeper_than(payload, MAX_CHUNK_DEPTH) else "", error)
+
+
+def _raise_at(block: bytes, picked: Callable[[bytes], bool], verdict: Callable[[Any], str],
+              error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
+    """The first event ``picked`` whose data orjson cannot read, or whose ``verdict`` says what is
+    wrong with it, ends the stream: raised with the events before it (``partial``)."""
     events = split_events(block)
     for i, event in enumerate(events):
-        if len(event) < DEEP_BYTES or event.count(b"[") + event.count(b"{") <= MAX_CHUNK_DEPTH:
+        if not picked(event):
             continue
         try:
             payload = orjson.loads(data_of(event))
         except orjson.JSONDecodeError as unread:
             message = f"an upstream event could not be read as JSON ({unread})"
         else:
-            if not deeper_than(payload, MAX_CHUNK_DEPTH):
-                continue
-            message = TOO_DEEP
-        exc = error(message, INVALID_STREAM)
-        exc.partial = b"".join(events[:i])
-        raise exc
+            message = verdict(payload)
+        if message:
+            exc = error(message, INVALID_STREAM)
+            exc.partial = b"".join(events[:i])
+            raise exc
 
 
 class AnthropicUsageTap:
