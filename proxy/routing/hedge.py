@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..config import Hedge, Target, TargetKey
-from ..state.budget import RESERVE, HedgeBudget
+from ..state.budget import BORROWED, FREE, PAID, RESERVE, HedgeBudget
 from ..state.tracker import RECENT
 
 MIN_SAMPLES = 5
@@ -59,10 +59,6 @@ def measure_cap(hedge: Hedge, winner_ttfc: float | None) -> float:
     return min(CAP_CEILING, max(CAP_FLOOR, hedge.cap * winner_ttfc))
 
 
-FREE = "free"  # an unmeasured target's one free measure
-PAID = "paid"  # a token of the route's hedge budget
-
-
 class RaceView(Protocol):
     """What the race's plan reads of the state."""
 
@@ -83,7 +79,7 @@ class Opening:
     order: tuple[Target, ...]  # the walk's order: a learner the budget refused waits behind the leader
     learner: Target | None = None  # raced from the start in a task of its own, to be measured
     role: str = ""  # the learner's word in the header: explore or measure
-    pays: str = ""  # FREE or PAID (a token, leaving ``keep`` in the bucket for a hedge)
+    pays: str = ""  # FREE, PAID (a token, leaving ``keep`` in the bucket for a hedge) or BORROWED
     keep: float = 0.0
     refused: str | None = None  # the target the budget refused a race ("budget exhausted")
     hedge_after: Mapping[str, float | None] = field(default_factory=dict)  # a leader's hedge delay
@@ -129,6 +125,8 @@ def opening(hedge: Hedge, route: str, targets: Sequence[Target], first_reason: s
     keep = keep if role == "explore" else (0.0 if budget.owed > 0 else RESERVE)
     if budget.affords(hedge.max_extra, keep):
         return Opening(order, first, role, PAID, keep, hedge_after=delays)
+    if first_reason == "unmeasured" and budget.lends((first.key, mode)):
+        return Opening(order, first, role, BORROWED, hedge_after=delays)  # its free and paid calls failed
     return Opening((order[1], first, *order[2:]), refused=first.name, hedge_after=delays)
 
 
@@ -140,4 +138,4 @@ def _delays(hedge: Hedge, order: Sequence[Target], view: RaceView, mode: str) ->
     return {t.name: _percentile(hedge, view.ranked(t.key, mode)) for t in order}
 
 
-__all__ = ["FREE", "PAID", "Opening", "RaceView", "hedge_delay", "measure_cap", "opening"]
+__all__ = ["BORROWED", "FREE", "PAID", "Opening", "RaceView", "hedge_delay", "measure_cap", "opening"]

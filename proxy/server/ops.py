@@ -223,8 +223,8 @@ def _explained(request: web.Request, rid: str) -> web.Response:
 
 def _hedge(gw: Gateway, route: Any, opening: Opening | None) -> dict[str, Any]:
     """The route's race settings and the plan's race for the next request, as the walk would run it:
-    who leads, who races from the start to be measured (``learner``, paid by ``pays``: free or the
-    budget) or whom the budget refuses, and when the leader would be hedged (None: a pNN with too
+    who leads, who races from the start to be measured (``learner``, paid by ``pays``: free, the
+    budget, or borrowed from it) or whom the budget refuses, and when the leader would be hedged (None: a pNN with too
     few of its samples, or a learner races it from the start and no timer is armed then)."""
     hedge = route.hedge
     learner = None if opening is None or opening.learner is None else opening.learner.name

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from ..config import Hedge, Provider, Route, Target, TargetKey
 from ..providers import Call
 from ..routing.decision import Attempt, Racer
-from ..routing.hedge import FREE, Opening, measure_cap
+from ..routing.hedge import Opening, measure_cap
 from ..routing.plan import Plan
 from ..state.tracker import BUFFERED, STREAMED
 from .evidence import lower_bound, overdue
@@ -136,10 +136,7 @@ class Race:
         opening = self.opening
         learner = opening.learner
         if learner is not None:
-            if opening.pays == FREE:
-                self.budget.claim_free((learner.key, self.mode), self.walker.clock())
-            else:
-                self.budget.spend()
+            self.budget.pay(opening.pays, (learner.key, self.mode), self.walker.clock())
             self._start(measuring=True)
             self.roles.append(Racer(learner.name, opening.role))
             self.roles.append(Racer(self.queue[0].name, "leader"))

@@ -10,6 +10,7 @@ import pytest
 from proxy.config import Hedge
 from proxy.errors import ConfigError
 from proxy.routing.hedge import (
+    BORROWED,
     CAP_CEILING,
     CAP_FLOOR,
     FREE,
@@ -273,6 +274,14 @@ def freed(name: str, at: float) -> Any:
     return setup
 
 
+def lent(name: str) -> Any:
+    """``name`` was measured once on a borrowed token already (streamed)."""
+    def setup(s: State) -> None:
+        s.budget("chat", 0.1).lent.add(((name, "m"), STREAMED))
+
+    return setup
+
+
 ABC = config("fastest", [t("a"), t("b"), t("c")], hedge={"after": 1})
 
 
@@ -290,6 +299,13 @@ ABC = config("fastest", [t("a"), t("b"), t("c")], hedge={"after": 1})
         pytest.param("unmeasured", 2, (freed("a", NOW - 1), owing(1.0, 1.5)),
                      ("a b c", "a", "measure", PAID, 0.0, None),
                      id="while-the-cold-start-is-repaid-a-measure-may-take-the-start-token"),
+        pytest.param("unmeasured", 2, (freed("a", NOW - 1), owing(0.0, 1.5)),
+                     ("a b c", "a", "measure", BORROWED, 0.0, None),
+                     id="cold-its-free-and-paid-measures-failed-it-borrows"),
+        pytest.param("unmeasured", 2, (freed("a", NOW - 1), owing(0.0, 1.5), lent("a")),
+                     ("b a c", None, "", "", 0.0, "a"), id="cold-it-borrows-once"),
+        pytest.param("unmeasured", 2, (freed("a", NOW - 1), owing(0.0, 4.5)),
+                     ("b a c", None, "", "", 0.0, "a"), id="cold-it-borrows-within-the-cap-owed"),
         pytest.param("unmeasured", 2, (in_flight("a"), tokens(0.9)), ("a b c", "a", "measure", PAID, 0.0, None),
                      id="a-cold-burst-measure-may-spend-the-hedges-token"),
         pytest.param("unmeasured", 2, (in_flight("a"), tokens(0.5)), ("a b c", None, "", "", 0.0, "b"),
