@@ -509,3 +509,34 @@ async def test_a_warm_start_reads_back_a_bounded_amount_of_a_busy_stream(redis_s
     newest = tuple(map(int, ids[-1].decode().split("-")))
     assert tuple(map(int, fleet_link.last_id.split("-"))) >= newest  # the reader goes on from the newest
     assert p.gateway.state.recent(("up", "m"), "buffered")[-1] == 0.5  # the newest entry folded last
+
+
+async def test_a_peers_success_older_than_the_failures_closes_nothing(redis_server, upstreams, proxy) -> None:
+    """A peer's routine sample waits for its tick (up to a second), so a success it took before the
+    target began failing reached the others after the failures that opened the breaker there, and
+    closed it: the fleet went back to the failing target (issue 26, leader-fails). A success older
+    than the newest failure a breaker knows still counts as a sample, and closes nothing."""
+    failing = [False]
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        return await (status_handler(503) if failing[0] else ok)(request)
+
+    bad = await upstreams({PATH: flaky})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(2, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url}))
+    key = ("bad", "m")
+    async with aiohttp.ClientSession() as session:
+        assert await post(session, ps[0]) == 200  # its first measure goes at once
+        await asyncio.sleep(0.2)
+        while time.time() % HEARTBEAT > 0.3 * HEARTBEAT:  # early in a tick: the next success waits for it
+            await asyncio.sleep(0.01)
+        assert await post(session, ps[0]) == 200  # a success of bad, sent on the next tick
+        failing[0] = True
+        for _ in range(3):  # the threshold's failures (failed over to good): bad opens on both
+            assert await post(session, ps[1]) == 200
+        await until(lambda: all(not p.gateway.state.health(key, p.gateway.clock()).usable for p in ps), 0.5)
+        await asyncio.sleep(1.5 * HEARTBEAT)  # the tick brought ps[0]'s older success to ps[1]
+    assert ps[1].gateway.state.tracker.samples(key, "buffered") == 2  # heard as a sample
+    for p in ps:
+        assert p.gateway.state.health(key, p.gateway.clock()).state == "open"
