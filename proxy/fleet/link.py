@@ -112,6 +112,7 @@ class FleetLink:
         series = (event[1], event[2]) if event[0] == "s" else None  # a first sample: peers know it at once
         if series is not None and (series not in self._sampled or series in self.measures.unmeasured):
             self._sampled.add(series)
+            self.measures.unmeasured.discard(series)  # measured now: the next samples wait for the tick
             self._urgent.set()
         elif event[0] in URGENT:
             self._urgent.set()
@@ -122,9 +123,6 @@ class FleetLink:
 
     def to_wall(self, mono: float) -> float:
         return time.time() + (mono - self.clock())
-
-    def to_local(self, wall: float) -> float:
-        return self.clock() + (wall - time.time())
 
     def fleet_in_flight(self, key: TargetKey) -> int:
         """Calls the other instances have in flight at this target, as they last said."""

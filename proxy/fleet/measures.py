@@ -82,9 +82,10 @@ class Measures:
         self.claims = 0  # won, since start
         self._seen: object = None  # what the last tick read: unmeasured, holders, in use
         # (target, mode) pairs without a figure, as the last tick saw: a sample of one (a first measure)
-        # goes to the peers at once. Local targets, not fleet ids: one upstream named twice, one of the
-        # names measured, would make every sample of the measured one urgent.
-        self.unmeasured: frozenset[tuple[TargetKey, str]] = frozenset()
+        # goes to the peers at once, and the link takes the pair out (the tick may be 0.5 s away: every
+        # sample until then went at once). Local targets, not fleet ids: one upstream named twice, one
+        # of the names measured, would make every sample of the measured one urgent.
+        self.unmeasured: set[tuple[TargetKey, str]] = set()
         self._changed_at = 0.0
 
     def configure(self, config: Config) -> None:
@@ -104,7 +105,7 @@ class Measures:
         """The link is down: our claims expire on their own; nobody else's binds us."""
         self.held.clear()
         self.renewed.clear()
-        self.unmeasured = frozenset()
+        self.unmeasured = set()
         self.link.state.set_measuring(frozenset())
 
     def status(self) -> list[str]:
@@ -127,7 +128,7 @@ class Measures:
         """Read the claims of what is unmeasured, tend ours, take one ahead per mode."""
         link, now = self.link, self.link.clock()
         unmeasured = self._unmeasured(now)
-        self.unmeasured = frozenset((key, claim[1]) for claim, keys in unmeasured.items() for key in keys)
+        self.unmeasured = {(key, claim[1]) for claim, keys in unmeasured.items() for key in keys}
         wanted = self._wanted(unmeasured, now)
         self.pending = bool(wanted)
         for claim in [c for c in self.held if c not in wanted]:
