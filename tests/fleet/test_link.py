@@ -24,7 +24,7 @@ from proxy.fleet import link, measures
 from proxy.fleet.link import BATCH, HEARTBEAT, served
 from proxy.fleet.wire import fleet_ids, stream_key
 
-from ..conftest import Proxy, chat_body, make_config, openai_provider, status_handler
+from ..conftest import Proxy, chat_body, chunk_event, make_config, openai_provider, status_handler
 from ..redis_server import PASSWORD, RedisServer
 
 PATH = "/v1/chat/completions"
@@ -572,3 +572,51 @@ async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_th
     samples = [e for _, fields in entries for e in orjson.loads(fields[b"e"]) if e[0] == "s"]
     assert samples[0][3] > 0  # the first measure went (at once)
     assert len(entries) <= elapsed / HEARTBEAT + 2, (len(entries), calls, elapsed)
+
+
+async def either(request: web.Request) -> web.StreamResponse:
+    """A stream when asked for one, else one body."""
+    if not (await request.json()).get("stream"):
+        return web.json_response(chat_body("fine"))
+    response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(chunk_event("fine") + chunk_event("", "stop") + b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def mget_calls(client: aioredis.Redis) -> int:
+    return int((await client.info("commandstats")).get("cmdstat_mget", {}).get("calls", 0))
+
+
+async def streamed(session: aiohttp.ClientSession, p: Proxy) -> int:
+    async with session.post(p.url + PATH, json={**CHAT, "stream": True}) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def test_a_mode_nobody_asked_for_keeps_the_quiet_pace_in_the_cold_start(own_redis, upstreams, proxy) -> None:
+    """During the cold start every mode holds a claim ahead, but only a mode asked for here needs the
+    claims read every 50 ms: a fleet asked only for streams read the buffered claims 20 times a second
+    for a second after each change (scripts/fleet_pool.py cold-start and leader-fails: 0.10-0.14 MGET
+    per call), where the quiet pace is 2 a second; a request of that mode wakes the reads at once."""
+    up = await upstreams({PATH: either})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(own_redis, fleet, {"up": up.url})
+    raw["routes"]["chat"]["strategy"] = "fastest"
+    (p,) = await fleet_of(1, proxy, raw)
+    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        await asyncio.sleep(1.5 * measures.QUIET_SECS)  # idle: the claims stood still
+        async with aiohttp.ClientSession() as session:
+            assert await streamed(session, p) == 200  # streamed measured; buffered still claimed ahead
+            await asyncio.sleep(0.1)
+            before, start = await mget_calls(client), time.monotonic()
+            while time.monotonic() - start < 1.0:  # streams only, as fleet_pool's scenarios send
+                assert await streamed(session, p) == 200
+            elapsed = time.monotonic() - start
+            mgets = await mget_calls(client) - before
+            assert p.gateway.fleet is not None and any(m == "buffered" for _, m in p.gateway.fleet.measures.held)
+    finally:
+        await client.aclose()
+    assert mgets <= elapsed / measures.QUIET_TICK + 2, (mgets, elapsed)
