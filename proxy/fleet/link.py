@@ -30,6 +30,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from ..config import Config, StateLink, TargetKey
 from ..state import State
+from ..state.breaker import CLOSED
 from .fold import Peers, fold, split
 from .measures import Measures
 from .names import link_name
@@ -114,8 +115,14 @@ class FleetLink:
             self._sampled.add(series)
             self.measures.unmeasured.discard(series)  # measured now: the next samples wait for the tick
             self._urgent.set()
-        elif event[0] in URGENT:
+        elif event[0] in URGENT and (event[0] != "f" or self._counting(event[1])):
             self._urgent.set()
+
+    def _counting(self, key: TargetKey) -> bool:
+        """The target's breaker still counts failures here. Once it is open (its opening went at once), a
+        failure of a call still in flight adds nothing a peer needs now: it waits for the tick."""
+        ts = self.state.targets.get(key)
+        return ts is None or ts.breaker.state == CLOSED
 
     def asked(self, route: str, mode: str) -> None:
         """A request for ``route`` in ``mode``: its measuring claims are kept (``measures.py``)."""

@@ -620,3 +620,40 @@ async def test_a_mode_nobody_asked_for_keeps_the_quiet_pace_in_the_cold_start(ow
     finally:
         await client.aclose()
     assert mgets <= elapsed / measures.QUIET_TICK + 2, (mgets, elapsed)
+
+
+async def test_failures_after_the_breaker_opened_wait_for_the_tick(redis_server, upstreams, proxy) -> None:
+    """A counted failure goes at once while the breaker counts: the fleet opens at its threshold. Once it
+    is open here (and its opening went at once), the calls still in flight that fail add nothing a peer
+    needs now, yet each wrote its own entry and woke every reader (leader-fails: 0.09 XADD per call)."""
+    delays = iter([0.0, 0.1, 0.15, 0.2, 0.25, 0.3])
+
+    async def failing_late(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await asyncio.sleep(next(delays))
+        return web.json_response({"error": {"message": "down"}}, status=503)
+
+    bad = await upstreams({PATH: failing_late})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    (p,) = await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url},
+                                                 failures=1))
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        await asyncio.sleep(0.2)
+        newest = await client.xrevrange(stream_key(fleet), count=1)
+        first = newest[0][0].decode() if newest else "0-0"
+        start = time.monotonic()
+        async with aiohttp.ClientSession() as session:  # six calls in flight; the first failure opens
+            assert await asyncio.gather(*(post(session, p) for _ in range(6))) == [200] * 6
+        elapsed = time.monotonic() - start
+        entries = await client.xrange(stream_key(fleet), min=f"({first}")
+        await asyncio.sleep(1.5 * HEARTBEAT)
+        later = await client.xrange(stream_key(fleet), min=f"({first}")
+    finally:
+        await client.aclose()
+    sent = [e for _, fields in later for e in orjson.loads(fields[b"e"])]
+    assert sum(e[0] == "f" for e in sent) == 6  # every failure still travels
+    assert sum(e[0] == "o" for e in sent) == 1
+    # the opening, good's first measure (the failovers'), the ticks: not one entry per later failure (7 before)
+    assert len(entries) <= elapsed / HEARTBEAT + 3, (len(entries), elapsed)
