@@ -7,13 +7,17 @@ keys (``max_body_bytes``, ``connections``); these are the fixed ones.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "MAX_CHUNK_DEPTH",
     "MAX_EVENT_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_MODEL_CHARS",
     "MAX_YAML_DEPTH",
     "MAX_YAML_NODES",
     "YIELD_EVERY",
+    "deeper_than",
 ]
 
 # One server-sent event (everything up to its blank line) from an upstream. Past it the stream is
@@ -31,6 +35,13 @@ YIELD_EVERY = 1024 * 1024
 # far below this.
 MAX_JSON_DEPTH = 128
 
+# An upstream stream event's JSON nesting. orjson reads 1,024 levels, a client's parser fewer (Python's
+# json raised RecursionError near 1,000 less the caller's own stack: the openai SDK in the application);
+# a real chunk nests under ten. Deeper ends a committed stream with an error event (usage_taps.py).
+# Nesting needs a bracket to open and one to close each level, so an event shorter than twice this
+# cannot be this deep: a token-paced stream's every read is exonerated by its length.
+MAX_CHUNK_DEPTH = 512
+
 # A client's ``model`` when it is not a route name (a pin names provider/upstream-model): it goes
 # into x-route-decision and the access log, so it is bounded in length and character set.
 MAX_MODEL_CHARS = 256
@@ -39,3 +50,18 @@ MAX_MODEL_CHARS = 256
 # lines that expand to billions of nodes). A real file has a few hundred nodes.
 MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 100_000
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Does ``value`` (parsed JSON) nest containers more than ``limit`` deep? Callers ask only when
+    the raw text has that many brackets at all (C-speed counts), so a usual value is never walked."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+    return False

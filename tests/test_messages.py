@@ -74,6 +74,32 @@ async def test_streamed_to_anthropic_goes_event_by_event(upstreams, proxy, sdk):
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == USAGE_OUT
 
 
+def odd_named(events: list[bytes], at: int, name: bytes) -> list[bytes]:
+    """``events`` with the one at ``at`` sent under ``event: name`` instead of its own name."""
+    return [*events[:at], b"event: " + name + events[at][events[at].index(b"\n"):], *events[at + 1:]]
+
+
+@pytest.mark.parametrize(("at", "name"), [
+    pytest.param(3, b"X-SECRET-sk-ant-0123", id="the-first-text-under-a-name-no-api-uses"),
+    pytest.param(5, b"X-SECRET-sk-ant-0123", id="a-later-text-under-a-name-no-api-uses"),
+    pytest.param(4, b"Content_Block_Delta\r", id="a-later-text-capitalised-crlf"),
+])
+async def test_an_anthropic_event_under_an_odd_name_keeps_its_text(upstreams, proxy, sdk, at, name):
+    """The name is dropped (it may carry anything: a key), and the SDK reads an event by its name, so an
+    unnamed ``content_block_delta`` was ignored and its text lost silently. It is named by its data's
+    type, as Anthropic names every event; the name itself never reaches the client."""
+    events = odd_named(text_events(["Hel", "lo", " there"]), at, name)
+    up = await upstreams({"/v1/messages": messages_handler(events=events)})
+    p = await proxy(route_config([{"provider": "claude", "model": "claude-x"}], {"claude": anthropic_provider(up.url)}))
+    async with sdk(p.url).messages.stream(**ASK) as stream:
+        texts = [t async for t in stream.text_stream]
+        final = await stream.get_final_message()
+    assert "".join(texts) == "Hello there" and final.content[0].text == "Hello there"
+    raw = await sdk(p.url).messages.with_raw_response.create(**ASK, stream=True)
+    body = b"".join([chunk async for chunk in raw.http_response.aiter_bytes()])
+    assert b"SECRET" not in body and b"Content_Block" not in body and body.count(b"event: content_block_delta") == 3
+
+
 async def test_buffered_to_openai_goes_through_the_reverse_translation(upstreams, proxy, sdk):
     up, p = await to_openai(upstreams, proxy)
     message = await sdk(p.url).messages.create(**ASK)

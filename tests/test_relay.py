@@ -182,6 +182,21 @@ _PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
                  b'"delta":{"type":"text_delta","text":' + b"[" * 2000 + b"]" * 2000 + b"}}\n\n",
                  "an upstream event could not be read as JSON (depth limit exceeded",
                  id="anthropic-passthrough-deep"),
+    # The end review's (2026-12-06): well-typed content, then nesting no type search finds; the openai SDK
+    # raised RecursionError in the application. And 700 levels, which orjson reads and a client's parser may not.
+    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
+                 b'data: {"choices":[{"index":0,"delta":{"content":"x"}}],"x":' + b"[" * 5000 + b"]" * 5000
+                 + b"}\n\n", "an upstream event could not be read as JSON (depth limit exceeded",
+                 id="openai-passthrough-well-typed-deep"),
+    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
+                 chunk_event("ok")[:-3] + b',"x":' + b"[" * 700 + b"]" * 700 + b"}\n\n",
+                 "an upstream event nests its JSON more than 512 levels deep, past what a client's parser reads",
+                 id="openai-passthrough-past-the-chunk-depth"),
+    pytest.param("anthropic", "/v1/messages", _START + _TEXT,
+                 b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                 b'"delta":{"type":"text_delta","text":"x"},"x":' + b"[" * 700 + b"]" * 700 + b"}\n\n",
+                 "an upstream event nests its JSON more than 512 levels deep",
+                 id="anthropic-passthrough-well-typed-deep"),
 ])
 async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_person_can_act_on(
         upstreams, proxy, kind, path, opening, wrong, said):
@@ -239,6 +254,61 @@ async def test_the_openai_sdk_reads_a_wrongly_typed_event_after_commit_as_an_api
     assert words == ["", "partial"]
     assert "up: the upstream stream failed after it started (an upstream event's fields have the wrong types" \
         in caught.value.message, caught.value.message
+
+
+async def test_the_openai_sdk_reads_a_well_typed_chunk_nested_past_its_parser_as_an_api_error(upstreams, proxy):
+    """The end review's chunk (2026-12-06): content a client reads, then 5,000 nested arrays. No type search
+    finds it; the openai SDK raised RecursionError in the application, now an APIError it can catch."""
+    deep = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}],"x":' + b"[" * 5000 + b"]" * 5000 + b"}\n\n"
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(chunk_event("partial"))
+        await asyncio.sleep(0.05)
+        await response.write(deep)
+        await response.write_eof()
+        return response
+
+    up = await upstreams({"/v1/chat/completions": stream})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    words = []
+    try:
+        with pytest.raises(openai.APIError) as caught:
+            async for chunk in await client.chat.completions.create(**CHAT, stream=True):
+                words.append(chunk.choices[0].delta.content)
+    finally:
+        await client.close()
+    assert words == ["partial"]
+    assert "could not be read as JSON (depth limit exceeded" in caught.value.message, caught.value.message
+
+
+async def test_brackets_in_answer_text_and_ordinary_nesting_pass_the_depth_check(upstreams, proxy):
+    """The depth check's counts see brackets inside strings too: a 64 KB read of chunks whose text is
+    brackets, and a chunk 20 levels deep, must reach the client whole (only a walk of the parsed event
+    decides, and it finds them shallow)."""
+    texts = ["[{" * 600] + ["[[[" * 20] * 250
+    shallow = chunk_event("ok")[:-3] + b',"x":' + b"[" * 20 + b"]" * 20 + b"}\n\n"
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(chunk_event("first"))
+        await asyncio.sleep(0.05)
+        await response.write(b"".join(chunk_event(text) for text in texts) + shallow + b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    up = await upstreams({"/v1/chat/completions": stream})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        words = [chunk.choices[0].delta.content async for chunk in
+                 await client.chat.completions.create(**CHAT, stream=True)]
+    finally:
+        await client.close()
+    assert "".join(words) == "first" + "".join(texts) + "ok"
 
 
 # A client that stops reading: it asks for a stream, then takes no byte (a small receive buffer, never

@@ -112,11 +112,16 @@ DEEP = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0
         + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b',"content":"hi"}}]}\n\n')
 DEEP_AFTER = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
               b'"x":' + b"[" * 5000 + b"]" * 5000 + b"}]}\n\n")
+# 700 levels: orjson reads it (1,024), so the gate's parse passed it; Python's json in the client is near its
+# recursion limit there (it raised near 1,000, less the application's own stack). Past MAX_CHUNK_DEPTH (512).
+DEEP_READ = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
+             b'"x":' + b"[" * 700 + b"]" * 700 + b"}]}\n\n")
 
 
 @pytest.mark.parametrize("first", [pytest.param(ESCAPED, id="a-key-spelt-with-an-escape"),
                                    pytest.param(DEEP, id="nested-past-a-parser-before-the-content"),
-                                   pytest.param(DEEP_AFTER, id="nested-past-a-parser-behind-the-content")])
+                                   pytest.param(DEEP_AFTER, id="nested-past-a-parser-behind-the-content"),
+                                   pytest.param(DEEP_READ, id="nested-past-the-chunk-depth-orjson-reads")])
 async def test_a_first_event_is_judged_as_the_client_reads_it(upstreams, proxy, first: bytes):
     bad = await upstreams({"/v1/chat/completions": streaming(first, b"data: [DONE]\n\n")})
     good = await upstreams({"/v1/chat/completions": streaming(*GOOD)})

@@ -5,13 +5,14 @@ sends what gathered as one stream entry on the heartbeat's tick (every HEARTBEAT
 clock's grid, so the fleet's entries of one tick reach a reader together), and at once for an
 urgent event; a reader task blocks on the stream and folds in the other instances' entries, and
 the probe task claims the fleet's one half-open probe per target (``probes.py``). On start the
-stream's tail is folded in before the instance says it is ready (warm start).
+stream's tail is folded in before the instance says it is ready (warm start); both it and the
+catch-up after a drop read a bounded tail and fold it a slice at a time (``backlog.py``).
 
 Redis down, slow, flushed or refusing: every command has a short timeout; the first failure
 drops the link (the instance goes on alone at once, its probes its own again), one line is
 logged per change, and the link reconnects with exponential backoff and full jitter, then
-catches up from the last entry it read. A flushed stream only means there is nothing to catch
-up on. Nothing private is written: names, figures and times (``wire.py``).
+catches up from the last entry it read (the newest 2 MB of it at most). A flushed stream only
+means there is nothing to catch up on. Nothing private is written: names, figures and times (``wire.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from ..config import Config, StateLink, TargetKey
 from ..state import State
 from ..state.breaker import CLOSED
+from .backlog import PAGE, fold_in, tail
 from .fold import Peers, fold, split
 from .measures import Measures
 from .names import link_name
@@ -51,9 +53,6 @@ READ_GAP = 0.02  # after a read that brought entries, the next waits this long (
 BATCH = 512  # events per stream entry at most
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
 STREAM_MAX = 20_000  # entries the stream keeps (approximately): the warm start's memory
-WARM_ENTRIES = 5_000  # entries folded in at start at most
-WARM_BYTES = 2_000_000  # and events' bytes (~25,000, ~0.5 s to fold; 5,000 busy ticks' entries were 250 MB)
-WARM_PAGE = 50  # entries a warm start's read asks for (at most ~2 MB: BATCH events of ~80 bytes each)
 WARM_SECS = 1.5  # a start waits at most this long for Redis before going on alone
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
 NOT_YET = "not connected yet"
@@ -228,27 +227,12 @@ class FleetLink:
 
     async def _catch_up(self) -> int:
         """The first time, the stream's tail (warm start); after a drop, what came since the last
-        entry read (XREAD from it, in the reader). Returns the events folded now."""
+        entry read: both bounded, folded oldest first, the loop served between slices
+        (``backlog.py``; an XREAD from the last entry once folded ~260,000 events in one pass).
+        Returns the events folded now."""
         assert self.redis is not None
-        if self.last_id != "0-0":
-            return 0
-        entries: list[Any] = []
-        size, newest = 0, "+"
-        while size < WARM_BYTES and len(entries) < WARM_ENTRIES:  # newest first, a page at a time
-            page: Any = await self.redis.xrevrange(self.stream, max=newest, count=WARM_PAGE)
-            for entry in page[:WARM_ENTRIES - len(entries)]:
-                entries.append(entry)
-                size += len(entry[1].get("e", ""))
-                if size >= WARM_BYTES:
-                    break
-            if len(page) < WARM_PAGE:
-                break
-            newest = _before(page[-1][0])
-        folded = 0
-        for entry_id, fields in reversed(entries):
-            folded += self._fold(entry_id, fields, warm=True)
-        self.last_id = entries[0][0] if entries else self.last_id
-        return folded
+        entries = await tail(self.redis, self.stream, self.last_id)
+        return await fold_in(reversed(entries), lambda entry_id, fields: self._take(entry_id, fields, warm=True))
 
     def _joined(self, folded: int) -> None:
         self.connected = True
@@ -349,14 +333,17 @@ class FleetLink:
         reader = self._reader
         assert reader is not None
         while True:
-            reply: Any = await reader.xread({self.stream: self.last_id}, block=BLOCK_MS, count=BATCH)
+            reply: Any = await reader.xread({self.stream: self.last_id}, block=BLOCK_MS, count=PAGE)
             for _stream, entries in reply or ():
-                for entry_id, fields in entries:
-                    self.last_id = entry_id
-                    self._fold(entry_id, fields)
+                await fold_in(entries, self._take)
             self._changed()  # at least every BLOCK_MS: a member heard, or one gone quiet
             if reply:
                 await asyncio.sleep(READ_GAP)  # a burst of the peers' entries comes in one reply
+
+    def _take(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> int:
+        """Fold one entry read; the next read starts after it."""
+        self.last_id = entry_id
+        return self._fold(entry_id, fields, warm)
 
     def _fold(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> int:
         instance = fields.get("i", "")
@@ -373,12 +360,6 @@ class FleetLink:
             with contextlib.suppress(ValueError):
                 self.lag = max(0.0, time.time() - int(entry_id.split("-")[0]) / 1000)
         return applied
-
-
-def _before(entry_id: str) -> str:
-    """The greatest stream id below ``entry_id`` (an exclusive bound that Redis before 6.2 reads too)."""
-    ms, seq = map(int, entry_id.split("-"))
-    return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-{2**64 - 1}"
 
 
 def _next_tick(now: float) -> float:

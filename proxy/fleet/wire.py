@@ -7,7 +7,8 @@ never a process's monotonic clock: a receiver turns them back into its own clock
 between two boxes shifts a deadline by that skew (docs/adr/0016).
 
 A batch is one stream entry: ``{"i": instance, "e": JSON list of events}``. Events carry names,
-figures and times only: never a prompt, an answer or a key.
+figures and times only: never a prompt, an answer or a key. An event read with more fields than this
+version knows keeps the ones it knows (``decode``): the wire grows at an event's end.
 """
 
 from __future__ import annotations
@@ -78,14 +79,24 @@ def dumps(wires: list[Wire]) -> bytes:
 
 
 def decode(payload: str | bytes) -> list[Wire]:
-    """A batch back into events; anything malformed is dropped whole (a peer of another version)."""
+    """A batch back into events. An event of a kind this version knows, with at least its fields, is
+    kept, cut to them: a later release may add a field at the end of an event (a failure's time, say)
+    and peers of this version still fold the fields they know during a rolling deploy (they dropped
+    the whole event: every failure, had a field been added). Anything else is dropped: a kind this
+    version does not know, an event short of its fields, a batch that is not a list."""
     try:
         events = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return []
     if not isinstance(events, list):
         return []
-    return [e for e in events if isinstance(e, list) and len(e) >= 2 and e[0] in _ARITY and len(e) == _ARITY[e[0]]]
+    out: list[Wire] = []
+    for e in events:
+        if isinstance(e, list) and e and isinstance(e[0], str) and (arity := _ARITY.get(e[0], 0)) and len(e) >= arity:
+            out.append(e if len(e) == arity else e[:arity])
+    return out
 
 
+# Each kind's fields (its own name first). Only ever grow an event at its end, one release after the
+# release that reads longer events (this one): no field has been added yet (ADR 0016, "a wire that grows").
 _ARITY = {"s": 5, "c": 5, "f": 5, "o": 4, "r": 3, "n": 3}

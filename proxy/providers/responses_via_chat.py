@@ -23,8 +23,9 @@ from ..errors import StreamError
 from ..translate.chat_to_anthropic import TranslationError
 from ..translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
 from ..translate.first_token import FirstToken, ResponsesFirstToken
+from ..translate.passthrough import answer_lines
 from ..translate.responses_to_chat import responses_to_chat
-from ..translate.sse import EventFramer, answer_lines, event_frame, json_object, split_events
+from ..translate.sse import EventFramer, event_frame, json_object, split_events
 from ..translate.usage import usage_from_responses
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 from .openai import OpenAIAdapter

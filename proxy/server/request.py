@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
 import orjson
 from aiohttp import web
 
-from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY
+from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY, deeper_than
 from ..errors import ClientError
 from ..memory import trim
 from ..providers.base import Call
@@ -94,7 +93,7 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
         ) from None
     if not isinstance(body, dict):
         raise ClientError(400, "Request body must be a JSON object.", code="invalid_json")
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(body, MAX_JSON_DEPTH):
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and deeper_than(body, MAX_JSON_DEPTH):
         raise ClientError(400, f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels.",
                           code="invalid_json")
     model = body.get("model")
@@ -121,21 +120,6 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return Call(op, body, stream, wants_usage, beta), model
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Does ``value`` nest containers more than ``limit`` deep? Only asked when the body has
-    that many brackets at all (two C-speed counts), so a usual request never walks its body."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
-    return False
 
 
 _UNSAFE_MODEL = re.compile(r"[^\x20-\x7e]|[;,()=]")

@@ -22,7 +22,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["RELAYED_SUSPECT", "SUSPECT", "TEXT_SUSPECT", "chunk_problem", "text_problem"]
+from ..bounds import MAX_CHUNK_DEPTH, deeper_than
+
+__all__ = ["DEEP_BYTES", "RELAYED_SUSPECT", "SUSPECT", "TEXT_SUSPECT", "TOO_DEEP", "chunk_problem", "nested_too_deep",
+           "text_problem"]
 
 # Spelt by each key's first letter: a quote is then let go after one look at the next byte, where a
 # group of alternatives was tried one by one at every quote (the gate's search of a first event:
@@ -38,6 +41,19 @@ RELAYED_SUSPECT = re.compile(rb'"c(?:ontent"\s*:\s*[^"\sn\[]|hoices"\s*:\s*[^\[\
 # An Anthropic event whose ``text`` may not be a string (``"type":"text"`` is followed by no colon): a literal
 # start, so a passthrough Anthropic stream is searched with it after its first token at C speed.
 TEXT_SUSPECT = re.compile(rb'"text"\s*:\s*[^"\s]')
+
+# An event's JSON nested past what a client's parser reads (bounds.py): told so, in words a person can act on.
+TOO_DEEP = (f"an upstream event nests its JSON more than {MAX_CHUNK_DEPTH} levels deep, past what a client's "
+            f"parser reads")
+DEEP_BYTES = 2 * MAX_CHUNK_DEPTH  # a level takes a bracket to open and one to close: shorter cannot be too deep
+
+
+def nested_too_deep(raw: bytes, payload: Any) -> bool:
+    """Does ``payload``, parsed from ``raw``, nest past ``MAX_CHUNK_DEPTH``? Its length and two C-speed
+    bracket counts answer for nearly every event; only one with that many brackets is walked."""
+    return (len(raw) >= DEEP_BYTES and raw.count(b"[") + raw.count(b"{") > MAX_CHUNK_DEPTH
+            and deeper_than(payload, MAX_CHUNK_DEPTH))
+
 
 _DELTA_TEXT = ("content", "role", "refusal", "reasoning_content")
 

@@ -23,7 +23,7 @@ import orjson
 
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
-from .chunk_types import SUSPECT, chunk_problem, text_problem
+from .chunk_types import SUSPECT, TOO_DEEP, chunk_problem, nested_too_deep, text_problem
 from .sse import Event, data_of, event_end, fields, opened
 
 __all__ = [
@@ -116,7 +116,7 @@ class FirstToken:
                     payload = None
                 if (type(payload) is dict and "error" not in payload and payload.get("object") != "error"
                         and payload.get("type") != "error" and self.carries_content(None, payload)
-                        and chunk_problem(payload) is None):
+                        and chunk_problem(payload) is None and not nested_too_deep(data, payload)):
                     self.held = opened(data, [(None, payload)], end + 2)
                     return True
         verdict = self._scan(data)
@@ -178,6 +178,8 @@ class FirstToken:
         error = error_of(payload)
         if error is not None:
             return UpstreamError(*error, raw)
+        if nested_too_deep(raw, payload):  # well typed, maybe, but a client's parser cannot read it
+            return Ended("malformed stream", TOO_DEEP, raw[:SAMPLE])
         problem = self.problem(payload)
         if problem is not None:  # a client would read it as it is: elsewhere, while we still can
             return Ended("malformed stream", f"an event before the first token has fields of the wrong types "

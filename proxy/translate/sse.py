@@ -6,7 +6,8 @@ ends (``event_end``, ``last_event_end``, ``event_around``, ``split_events``), wh
 (``fields``, ``data_of``: one optional space after the colon, as the SSE spec has it), a stream cut
 into whole events whatever the read boundaries (``EventFramer``), and into ``(event, data)`` pairs
 (``SseDecoder``). The first-token gates (``first_token.py``), the usage taps (``usage_taps.py``,
-``responses_via_chat.py``) and the translators all read through these, so they cannot disagree.
+``responses_via_chat.py``) and the translators all read through these, so they cannot disagree. What a
+stream relayed as it is may carry (``answer_lines``) is ``passthrough.py``.
 
 A gate decodes a stream's opening events to find the first token; it hands them on as an
 :class:`Opening`, so the translator after it does not decode them again (``opening_events``).
@@ -14,7 +15,6 @@ A gate decodes a stream's opening events to find the first token; it hands them 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -25,7 +25,7 @@ from ..memory import trim
 from .chunk_types import chunk_problem
 
 __all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
-           "JsonEventFeed", "Opening", "SseDecoder", "answer_lines", "data_frame", "data_of", "event_around",
+           "JsonEventFeed", "Opening", "SseDecoder", "data_frame", "data_of", "event_around",
            "event_end", "event_frame", "fields", "json_object", "last_event_end", "openai_error_event",
            "opening_events", "split_events"]
 
@@ -140,69 +140,6 @@ def json_object(event: bytes) -> Json | None:
     except orjson.JSONDecodeError:
         return None
     return payload if isinstance(payload, dict) else None
-
-
-# --- what a passthrough stream may carry -----------------------------------------------------
-
-# A line of a block that is neither a ``data`` line nor an ``event`` line of a plain name, nor blank
-# (searched from each newline: the block's first line is looked at apart). The APIs' event names are
-# lower case words joined by ``_`` and ``.`` (``content_block_delta``, ``response.output_text.delta``);
-# any other name is an upstream's own, which may carry anything (a key has capitals or digits).
-_ASIDE = re.compile(rb"\n(?!data[:\r\n]|event: ?[a-z_.]{1,64}\r?(?:\n|\Z)|\r?\n|\Z)")
-_PLAIN_EVENT = re.compile(rb"event: ?[a-z_.]{1,64}\r?(?:\n|\Z)")
-KEEP_ALIVE = b":\n\n"
-
-
-def _answer_line(line: bytes) -> bool:
-    """A ``data`` line, an ``event`` line of a plain name, or a blank one (``\r`` left by a CRLF)."""
-    return (line.startswith(b"data:") or line.rstrip(b"\r") in (b"", b"data")
-            or _PLAIN_EVENT.match(line) is not None)
-
-
-_PLAIN_SEEN: dict[bytes, bool] = {}  # an event line's verdict: a stream repeats a handful of names
-_PLAIN_SEEN_MAX = 256
-
-
-def _one_event(block: bytes) -> bool:
-    """``block`` is one event of a ``data`` line, after an ``event`` line of a plain name or not,
-    and its blank line (``data: {...}\\n\\n``): what a token-paced stream sends in every read.
-    Then ``answer_lines`` has nothing to take out, found with two byte searches and no regex (the
-    regexes' fixed cost is about 1.4k instructions a search: a paced stream pays it every event)."""
-    end = len(block) - 2
-    first = block.find(b"\n")
-    if first == end:
-        return block[-1] == 10 and block.startswith(b"data:")
-    if first < 0 or block.find(b"\n", first + 1) != end or block[-1] != 10 or not block.startswith(b"data:", first + 1):
-        return False
-    line = block[:first]
-    plain = _PLAIN_SEEN.get(line)
-    if plain is None:
-        plain = _PLAIN_EVENT.match(line) is not None
-        if len(_PLAIN_SEEN) < _PLAIN_SEEN_MAX:
-            _PLAIN_SEEN[line] = plain
-    return plain
-
-
-def answer_lines(block: bytes) -> bytes:
-    """``block`` with only what a client reads as the answer: ``data`` and ``event`` lines.
-
-    A passthrough stream is otherwise relayed as it is, and an upstream's SSE comments
-    (``: ...``), ``id:`` and ``retry:`` lines are not its answer: they may carry anything, the
-    key it was sent included, and no client of an LLM API needs them; nor is an ``event:`` name that
-    no API uses. A comment's text is cut (an event that was only comments becomes a bare ``:``, so
-    a keep-alive still keeps the connection alive); any other line is dropped. Costs a search per
-    block when there is none."""
-    if not block or _one_event(block) or ((block.startswith(b"data:") or _PLAIN_EVENT.match(block) is not None)
-                                          and _ASIDE.search(block) is None):
-        return block
-    out = []
-    for event in split_events(block):
-        lines = [line for line in event.split(b"\n") if _answer_line(line)]
-        if any(line.startswith((b"data", b"event:")) for line in lines):
-            out.append(b"\n".join(lines))  # its blank lines kept: it ends as it ended
-        elif event.lstrip().startswith(b":"):
-            out.append(KEEP_ALIVE)
-    return b"".join(out)
 
 
 # --- streams of events ------------------------------------------------------------------------

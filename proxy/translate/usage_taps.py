@@ -5,7 +5,7 @@ would (``lease.translator``) and return the bytes they are fed, whole events at
 a time. They only look inside an event when its block holds a usage object,
 which in practice is the last event or two of a stream: a regex search over
 each block is the whole cost of the common case. What is not the answer (SSE
-comments' text, ``id:`` and ``retry:`` lines) is taken out (``sse.answer_lines``).
+comments' text, ``id:`` and ``retry:`` lines) is taken out (``passthrough.answer_lines``).
 
 A key is looked for with ``block.find(key) >= 0``, not ``key in block``: on bytes, ``in`` first
 tries the key as an integer and raises and drops a TypeError (CPython 3.11), which cost more than
@@ -24,16 +24,25 @@ from typing import Any
 
 import orjson
 
+from ..bounds import MAX_CHUNK_DEPTH, deeper_than
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
-from .chunk_types import RELAYED_SUSPECT, SUSPECT, TEXT_SUSPECT, chunk_problem, text_problem
+from .chunk_types import (
+    DEEP_BYTES,
+    RELAYED_SUSPECT,
+    SUSPECT,
+    TEXT_SUSPECT,
+    TOO_DEEP,
+    chunk_problem,
+    text_problem,
+)
 from .first_token import error_of
+from .passthrough import answer_lines
 from .sse import (
     INVALID_STREAM,
     WRONG_TYPES,
     EventFramer,
-    answer_lines,
     data_frame,
     data_of,
     event_around,
@@ -98,6 +107,8 @@ class OpenAIUsageTap:
             _raise_on_error_envelope(block)
         if RELAYED_SUSPECT.search(block) is not None:  # a field of another type, maybe: parsed only then
             _raise_on_wrong(block, SUSPECT, chunk_problem, OpenAIStreamError)
+        if len(block) >= DEEP_BYTES:  # shorter cannot nest too deep: a paced stream's read pays one comparison
+            _raise_on_deep(block, OpenAIStreamError)
         if block.find(b'"usage"') < 0:
             return block
         found = _usage_objects(block)
@@ -201,6 +212,31 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
             raise exc
 
 
+def _raise_on_deep(block: bytes, error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
+    """An event nested past what a client's parser reads ends the stream, well typed or not: no type
+    search finds ``"content":"x","x":[[[...]]]``, and the openai SDK raised ``RecursionError`` in the
+    application. The pieces between blank lines are measured first, in C (a read of ordinary chunks
+    stops there: ~1 % of the tap's cost on a 64 KB read); then only an event long enough, with
+    brackets enough, is parsed and walked (``nested_too_deep``)."""
+    if max(map(len, block.split(b"\n\n"))) < DEEP_BYTES:  # a CRLF stream's pieces are longer: only slower
+        return
+    events = split_events(block)
+    for i, event in enumerate(events):
+        if len(event) < DEEP_BYTES or event.count(b"[") + event.count(b"{") <= MAX_CHUNK_DEPTH:
+            continue
+        try:
+            payload = orjson.loads(data_of(event))
+        except orjson.JSONDecodeError as unread:
+            message = f"an upstream event could not be read as JSON ({unread})"
+        else:
+            if not deeper_than(payload, MAX_CHUNK_DEPTH):
+                continue
+            message = TOO_DEEP
+        exc = error(message, INVALID_STREAM)
+        exc.partial = b"".join(events[:i])
+        raise exc
+
+
 class AnthropicUsageTap:
     """Count an Anthropic stream relayed as it is (``/v1/messages`` to an Anthropic target).
 
@@ -217,11 +253,13 @@ class AnthropicUsageTap:
 
     def feed(self, data: bytes) -> bytes:
         framer = self._framer  # a read that ends on an event boundary needs no framing (two rfinds)
-        block = answer_lines(data if not framer.pending and data.endswith(b"\n\n") else framer.complete(data))
+        block = answer_lines(data if not framer.pending and data.endswith(b"\n\n") else framer.complete(data), True)
         if block.find(b'"message_stop"') >= 0:
             self.done = True
         if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
             _raise_on_wrong(block, TEXT_SUSPECT, text_problem, AnthropicStreamError)
+        if len(block) >= DEEP_BYTES:
+            _raise_on_deep(block, AnthropicStreamError)
         if block.find(b'"error"') < 0 and (block.find(b'"usage"') < 0 or _USAGE_OBJECT.search(block) is None):
             return block  # (the literal first: a find costs less than the regex's fixed cost, every event)
         events = split_events(block)
@@ -235,7 +273,7 @@ class AnthropicUsageTap:
         return block
 
     def finish(self) -> bytes:
-        return answer_lines(self._framer.rest())
+        return answer_lines(self._framer.rest(), True)
 
     def error_event(self, message: str) -> bytes:
         """The relay's closing event for a failed stream, in Anthropic's shape."""

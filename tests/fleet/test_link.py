@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from proxy.fleet import link, measures
+from proxy.fleet import backlog, measures
 from proxy.fleet.link import BATCH, HEARTBEAT, served
 from proxy.fleet.wire import fleet_ids, stream_key
 
@@ -488,7 +488,7 @@ async def test_a_warm_start_reads_back_a_bounded_amount_of_a_busy_stream(redis_s
     250 MB that Redis could not send within the command's timeout (the instance never joined), of 100
     samples 500,000 events folded for ~9 s before the instance was ready. The warm start reads the
     stream's newest WARM_BYTES back, whatever its entries hold, and folds them oldest first."""
-    monkeypatch.setattr(link, "WARM_BYTES", 50_000, raising=False)  # before the bound: fails on the count
+    monkeypatch.setattr(backlog, "WARM_BYTES", 50_000, raising=False)  # before the bound: fails on the count
     up = await upstreams({"/v1/chat/completions": ok})
     fleet = f"t-{uuid.uuid4().hex[:8]}"
     raw = fleet_config(redis_server, fleet, {"up": up.url})
@@ -509,6 +509,55 @@ async def test_a_warm_start_reads_back_a_bounded_amount_of_a_busy_stream(redis_s
     newest = tuple(map(int, ids[-1].decode().split("-")))
     assert tuple(map(int, fleet_link.last_id.split("-"))) >= newest  # the reader goes on from the newest
     assert p.gateway.state.recent(("up", "m"), "buffered")[-1] == 0.5  # the newest entry folded last
+
+
+async def test_a_catch_up_after_a_drop_leaves_the_loop_free_and_is_bounded(own_redis, upstreams, proxy) -> None:
+    """After a dropped link the reader caught up with XREAD count=512: a busy fleet's backlog (here 1,000
+    entries of 500 samples, 150,000 events) folded them all in one pass, the loop held for a second or
+    more (requests, /healthz, the deadline sweeper all waiting). Now the catch-up reads the newest
+    WARM_BYTES back, like the warm start, and folds them a slice at a time."""
+    up = await upstreams({PATH: ok})
+    raw = fleet_config(own_redis, "backlog", {"up": up.url})
+    (fid,) = fleet_ids(make_config(raw, ENV)).values()
+    (p,) = await fleet_of(1, proxy, raw)
+    fleet_link = p.gateway.fleet
+    admin = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        # The link drops and cannot come back (its password no longer works) while a peer writes on.
+        await admin.config_set("requirepass", "not-the-fleet's")
+        await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        await until(lambda: not fleet_link.connected, 3.0)
+        before, now = fleet_link.events_in, time.time()
+        async with admin.pipeline(transaction=False) as pipe:
+            for n in range(300):  # a busy peer's ticks, 500 samples each (~35 KB), the newest last at 0.5 s
+                secs = 0.5 if n == 299 else 2.0
+                pipe.xadd(stream_key("backlog"), {"i": "peer", "e": orjson.dumps(
+                    [["s", fid, "buffered", secs, now - 10 + n / 100] for _ in range(500)])})
+            await pipe.execute()
+        answered: list[float] = []  # from one /healthz call's answer to the next's, 5 ms apart, while catching up
+
+        async def watch() -> None:
+            async with aiohttp.ClientSession() as session:
+                last = time.monotonic()
+                while True:
+                    await asyncio.sleep(0.005)
+                    async with session.get(p.url + "/healthz") as resp:
+                        assert resp.status == 200
+                    answered.append(time.monotonic() - last)
+                    last = time.monotonic()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await admin.config_set("requirepass", PASSWORD)
+            await until(lambda: list(p.gateway.state.recent(("up", "m"), "buffered"))[-1:] == [0.5], 10.0)
+            await asyncio.sleep(0.05)  # the watcher's call held by the last pass is answered, and counted
+        finally:
+            watcher.cancel()
+    finally:
+        await admin.aclose()
+    # the loop was held 1.5 s or more before (150,000 events in one pass); slices of ~10-100 ms now (a loaded box)
+    assert len(answered) > 10 and max(answered) < 0.5, sorted(answered)[-5:]
+    assert fleet_link.events_in - before <= 30_000, fleet_link.events_in - before  # the newest 2 MB, not 150,000
 
 
 async def test_a_peers_success_older_than_the_failures_closes_nothing(redis_server, upstreams, proxy) -> None:

@@ -50,3 +50,25 @@ def test_events_travel_with_wall_clock_times(event: tuple[Any, ...], wire: list[
 ])
 def test_a_malformed_batch_is_dropped(payload: bytes) -> None:
     assert decode(payload) == []
+
+
+F = ["f", "https://api.example/v1|m", "503", 3, 30.0]
+
+
+@pytest.mark.parametrize(("event", "kept"), [
+    pytest.param(F, F, id="a-failure-as-this-version-writes-it"),
+    pytest.param([*F, 1700000000.5], F, id="a-failure-with-a-time-a-later-release-adds"),
+    pytest.param([*F, 1700000000.5, {"more": 1}], F, id="two-fields-more"),
+    pytest.param(["s", "x", "streamed", 0.25, 100.0, "extra"], ["s", "x", "streamed", 0.25, 100.0],
+                 id="a-sample-with-a-field-more"),
+    pytest.param(["n", {"x": 2}, 100.0, 7], ["n", {"x": 2}, 100.0], id="a-heartbeat-with-a-field-more"),
+    pytest.param(F[:4], None, id="a-failure-short-of-a-field"),
+    pytest.param(["zz", "x", 1, 2, 3, 4], None, id="a-kind-this-version-does-not-know"),
+    pytest.param([5, "x", 1], None, id="a-kind-that-is-not-a-name"),
+    pytest.param([], None, id="empty"),
+])
+def test_an_event_longer_than_this_version_knows_keeps_its_known_fields(event: list[Any],
+                                                                         kept: list[Any] | None) -> None:
+    """A rolling deploy: a later release may add a field at an event's end (a failure's time); peers of
+    this version fold what they know of it, where they dropped the whole event (strict arity)."""
+    assert decode(dumps([event, ["r", "x", 5.0]])) == ([] if kept is None else [kept]) + [["r", "x", 5.0]]

@@ -9,11 +9,11 @@ from proxy.bounds import MAX_EVENT_BYTES
 from proxy.errors import StreamTooLarge
 from proxy.translate.anthropic_to_chat import AnthropicStreamToOpenAI
 from proxy.translate.first_token import AnthropicFirstToken, OpenAIFirstToken
+from proxy.translate.passthrough import answer_lines
 from proxy.translate.sse import (
     EventFramer,
     Opening,
     SseDecoder,
-    answer_lines,
     data_of,
     event_around,
     fields,

@@ -149,6 +149,11 @@ def test_a_paced_openai_stream_ends_on_a_wrong_event_after_the_first_token(read,
                   b'event: message_stop\ndata: {"type":"message_stop"}\n\n'], None, True, id="usage-and-stop"),
     pytest.param([b"event: Odd-1\ndata: {}\n\n", b"id: 3\ndata: {}\n\n"], b"data: {}\n\ndata: {}\n\n", False,
                  id="odd-name-and-id-out"),
+    pytest.param([b'event: X-Key-1\ndata: {"type":"ping"}\n\n', b'event: Y\ndata: {"type":"Sk-Key-2"}\n\n',
+                  b'event: Z\r\nid: 1\r\ndata: {"type":"content_block_stop","index":0}\r\n\r\n'],
+                 b'event: ping\ndata: {"type":"ping"}\n\ndata: {"type":"Sk-Key-2"}\n\n'
+                 b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\r\n\r\n', False,
+                 id="odd-name-named-by-a-plain-type-only"),
 ])
 def test_a_paced_anthropic_stream_read_event_by_event(reads, out, done):
     tap = AnthropicUsageTap()
