@@ -3,7 +3,8 @@
 Two facts the transports do not give: how many bytes the kernel still holds for the peer (a
 client that stopped reading leaves them there; one that reads slowly drains them, even while
 our transport stays paused), and a close that drops them (a reset) instead of leaving the kernel
-to keep offering them to a reader that may never come.
+to keep offering them to a reader that may never come. And how many connections the descriptor
+limit carries (``fd_budget``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import resource
 import socket
 import struct
 import termios
 
-__all__ = ["reset", "unsent"]
+__all__ = ["fd_budget", "raise_fd_limit", "reset", "unsent"]
 
+FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 _LINGER_OFF = struct.pack("ii", 1, 0)
 _OUTQ = getattr(termios, "TIOCOUTQ", None)  # SIOCOUTQ on Linux: bytes not yet acknowledged by the peer
 
@@ -40,3 +43,22 @@ def unsent(transport: asyncio.BaseTransport | None) -> int | None:
         return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0])
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (a service should not live under 1,024); the soft
+    limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def fd_budget() -> int:
+    """Client connections the descriptor limit can carry: each with one upstream connection, plus
+    half as many again waiting past the cap (one descriptor each)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, (soft - FD_RESERVE) * 2 // 5)

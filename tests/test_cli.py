@@ -175,6 +175,10 @@ def test_check_shows_whether_each_route_races(tmp_path: Path) -> None:
         pytest.param(2, 1, True, id="two-workers-one-place-warns"),
         pytest.param(3, 2, True, id="three-workers-two-places-warns"),
         pytest.param(2, 2, False, id="a-place-each-is-quiet"),
+        pytest.param(2, 3, True, id="one-and-two-places-warns"),
+        pytest.param(3, 4, True, id="one-one-and-two-places-warns"),
+        pytest.param(2, 4, False, id="two-places-each-is-quiet"),
+        pytest.param(3, 7, False, id="two-and-three-places-is-quiet"),
         pytest.param(1, 1, False, id="one-worker-is-quiet"),
     ],
 )
@@ -193,6 +197,14 @@ def test_check_warns_when_workers_outnumber_a_providers_max_concurrent(tmp_path:
     warnings = [line for line in run.stdout.splitlines() if line.startswith("warning:")]
     if not warned:
         assert warnings == []
+        return
+    if limit > workers:  # one or two places each: the uneven split is said
+        assert warnings == [
+            f"warning: providers.up.max_concurrent: {limit} is split among {workers} workers (routes: chat); "
+            f"{2 * workers - limit} of them {'holds' if 2 * workers - limit == 1 else 'hold'} 1 place and the "
+            f"others 2, so a second call to up on a one-place member waits or fails over (503 busy when the route "
+            f"has no other target) while another may have room; split it evenly: max_concurrent {workers} or "
+            f"{2 * workers} (docs/adr/0016)"]
         return
     assert warnings == [
         f"warning: providers.up.max_concurrent: {limit} is split among {workers} workers (routes: chat); "

@@ -229,6 +229,19 @@ async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_p
     assert p.gateway.state.success_share(("up", "m")) == 0.5  # committed, then a failure
 
 
+async def sdk_reads(url: str) -> tuple[list[str | None], openai.APIError]:
+    """What the openai SDK reads of a stream that ends with an error event: its words, and the error."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    words = []
+    try:
+        with pytest.raises(openai.APIError) as caught:
+            async for chunk in await client.chat.completions.create(**CHAT, stream=True):
+                words.append(chunk.choices[0].delta.content)
+    finally:
+        await client.close()
+    return words, caught.value
+
+
 async def test_the_openai_sdk_reads_a_wrongly_typed_event_after_commit_as_an_api_error(upstreams, proxy):
     async def stream(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -243,17 +256,10 @@ async def test_the_openai_sdk_reads_a_wrongly_typed_event_after_commit_as_an_api
     up = await upstreams({"/v1/messages": stream})
     p = await proxy(route_config([{"provider": "up", "model": "m"}],
                                  {"up": {"kind": "anthropic", "base_url": up.url + "/v1"}}))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    words = []
-    try:
-        with pytest.raises(openai.APIError) as caught:
-            async for chunk in await client.chat.completions.create(**CHAT, stream=True):
-                words.append(chunk.choices[0].delta.content)
-    finally:
-        await client.close()
+    words, caught = await sdk_reads(p.url)
     assert words == ["", "partial"]
     assert "up: the upstream stream failed after it started (an upstream event's fields have the wrong types" \
-        in caught.value.message, caught.value.message
+        in caught.message, caught.message
 
 
 async def test_the_openai_sdk_reads_a_well_typed_chunk_nested_past_its_parser_as_an_api_error(upstreams, proxy):
@@ -272,16 +278,9 @@ async def test_the_openai_sdk_reads_a_well_typed_chunk_nested_past_its_parser_as
 
     up = await upstreams({"/v1/chat/completions": stream})
     p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    words = []
-    try:
-        with pytest.raises(openai.APIError) as caught:
-            async for chunk in await client.chat.completions.create(**CHAT, stream=True):
-                words.append(chunk.choices[0].delta.content)
-    finally:
-        await client.close()
+    words, caught = await sdk_reads(p.url)
     assert words == ["partial"]
-    assert "could not be read as JSON (depth limit exceeded" in caught.value.message, caught.value.message
+    assert "could not be read as JSON (depth limit exceeded" in caught.message, caught.message
 
 
 async def test_brackets_in_answer_text_and_ordinary_nesting_pass_the_depth_check(upstreams, proxy):

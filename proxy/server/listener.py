@@ -41,20 +41,20 @@ import asyncio
 import contextlib
 import logging
 import math
-import resource
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from ..config import Connections
 from ..internals import Internals, checked
-from ..sockets import reset, unsent
+from ..sockets import fd_budget, raise_fd_limit, reset, unsent
 from .dialect import JSON, malformed_request, over_capacity, refusal
-from .replies import new_id
+from .replies import HEAD_KEPT, new_id, request_line
 from .request import BodyTimeout
 
 __all__ = ["ON_REFUSED", "Guard", "GuardedRunner", "fd_budget", "raise_fd_limit"]
@@ -67,30 +67,10 @@ log = logging.getLogger("firstbyte")
 
 OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to ask, then its 503
 LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dropped this long, then close
-FD_RESERVE = 64  # descriptors kept for the listener sockets, the ledger, logs and the loop itself
 PROGRESS = 64 * 1024  # what a paused client must take per send_timeout to count as reading (not the tail of its window)
 SILENT_SECS = 1.0  # at the cap, a connection that has sent no head for this long makes room
 CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "idle_evicted", "over_capacity", "evicted",
                  "refused")
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard one (a service should not live under 1,024); the soft
-    limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def fd_budget() -> int:
-    """Client connections the descriptor limit can carry: each with one upstream connection, plus
-    half as many again waiting past the cap (one descriptor each)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 30
-    return max(1, (soft - FD_RESERVE) * 2 // 5)
 
 
 class Guard:
@@ -202,13 +182,14 @@ class Guard:
 class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the guard's deadlines, cap and error shape."""
 
-    __slots__ = ("_guard", "body", "body_since", "closing", "fault", "head_since", "over", "paused_since",
-                 "queued", "refused")
+    __slots__ = ("_guard", "body", "body_since", "closing", "fault", "head_since", "head_start", "over",
+                 "paused_since", "queued", "refused")
 
     def __init__(self, manager: web.Server, guard: Guard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._guard = guard
         self.head_since: float | None = None  # waiting for a request head since then
+        self.head_start = b""  # the start of a head cut by a read (a 408 logs its request line)
         self.body: StreamReader | None = None  # the body being received, until it is whole
         self.body_since = 0.0
         self.over = False
@@ -254,13 +235,16 @@ class GuardedHandler(RequestHandler):
         super().data_received(data)
         messages = self._messages
         if messages:  # a whole request head arrived
-            self.head_since = None
+            self.head_since, self.head_start = None, b""
             payload = messages[-1][1]
             if payload is not EMPTY_PAYLOAD and isinstance(payload, StreamReader) and not payload.is_eof():
                 self.body, self.body_since = payload, self._loop.time()
-        elif data and self.head_since is None and (self.body is None or self.body.is_eof()):
+            return
+        if data and self.head_since is None and (self.body is None or self.body.is_eof()):
             self.body = None
             self.head_since = self._loop.time()  # the first byte of the next request
+        if self.head_since is not None and len(self.head_start) < HEAD_KEPT:  # a head cut by a read
+            self.head_start += data[:HEAD_KEPT]
 
     @property
     def idle(self) -> bool:
@@ -317,10 +301,10 @@ class GuardedHandler(RequestHandler):
                                  "(connections.header_timeout).", "header_timeout"), new_id()
         transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nx-request-id: %s\r\n"
                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (rid.encode(), len(body), body))
-        if self._guard.on_refused is not None:  # no head: no method or path to log
+        if self._guard.on_refused is not None:  # no whole head: its request line, if that came
             peer = transport.get_extra_info("peername") or ("-",)
             said = web.Response(body=body, status=408, headers={"x-request-id": rid})
-            self._guard.on_refused(str(peer[0]), "-", "-", said)
+            self._guard.on_refused(str(peer[0]), *request_line(self.head_start), said)
         self.closing = True
         if transport.can_write_eof():
             transport.write_eof()
@@ -335,6 +319,10 @@ class GuardedHandler(RequestHandler):
                  " ".join(str(message or exc or status).split())[:200])
         if request.writer.output_size > 0:
             raise ConnectionError("the response has begun; the error cannot be sent")
+        # aiohttp's stand-in for a request it could not parse says HTTP/1.0, and the answer follows it:
+        # a server answers in the highest 1.x it speaks (RFC 9110 2.5), whatever the client's was.
+        request._version = HttpVersion11
+        request._cache.pop("version", None)
         response = web.Response(body=malformed_request(status, message or exc), status=status, content_type=JSON,
                                 headers={"x-request-id": new_id()})
         response.force_close()

@@ -317,6 +317,8 @@ def logged(gw: Gateway, inner: Handler) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         t0 = gw.clock()
         response = await inner(request)
+        if "x-request-id" not in response.headers:  # the answer and its log line share an id (explain's has one)
+            response.headers["x-request-id"] = request_id(request)
         log_answer(gw, request, response, t0)
         return response
 

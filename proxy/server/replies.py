@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
@@ -77,6 +78,20 @@ def answer_every_path(app: web.Application, handler: Callable[[web.Request], Awa
     route = app.router.add_route("*", r"/{tail:[\s\S]*}", handler)
     app.router.__class__ = _EveryPathRouter  # the same router; only its "no match" differs
     app.router.catch_all = route  # type: ignore[attr-defined]
+
+
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (/[^?# \r\n]*)[^ \r\n]* HTTP/1\.[01]\r?\n")
+HEAD_KEPT = 512  # of a request head cut by a read: enough for its request line
+
+
+def request_line(head: bytes) -> tuple[str, str]:
+    """The method and path of a request head that never ended (its 408's access line), as aiohttp
+    reads them for a whole one (the path percent-decoded, no query); ``-`` for each when the first
+    ``HEAD_KEPT`` bytes hold no whole request line."""
+    found = _REQUEST_LINE.match(head)
+    if found is None:
+        return "-", "-"
+    return found[1].decode(), unquote(found[2].decode("utf-8", "replace"), errors="replace")
 
 
 def log_answer(gw: Gateway, request: web.BaseRequest, response: web.StreamResponse, t0: float) -> None:

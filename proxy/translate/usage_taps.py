@@ -195,46 +195,51 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
     it (docs/apis.md). Only an event ``suspect`` finds is parsed and judged; one that orjson cannot
     read (nested past 1,024 levels, a number past a double) would break the client's parser the same
     way (the openai SDK raised ``RecursionError``), so it ends the stream too."""
-    events = split_events(block)
-    for i, event in enumerate(events):
-        if suspect.search(event) is None:
-            continue
-        try:
-            payload = orjson.loads(data_of(event))
-        except orjson.JSONDecodeError as unread:
-            message = f"an upstream event could not be read as JSON ({unread})"
-        else:
-            problem = judge(payload) if type(payload) is dict else None
-            message = f"{WRONG_TYPES} ({problem})" if problem is not None else ""
-        if message:
-            exc = error(message, INVALID_STREAM)
-            exc.partial = b"".join(events[:i])
-            raise exc
+    def wrong(payload: Any) -> str:
+        problem = judge(payload) if type(payload) is dict else None
+        return f"{WRONG_TYPES} ({problem})" if problem is not None else ""
+
+    _raise_at(block, lambda event: suspect.search(event) is not None, wrong, error)
 
 
 def _raise_on_deep(block: bytes, error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
     """An event nested past what a client's parser reads ends the stream, well typed or not: no type
     search finds ``"content":"x","x":[[[...]]]``, and the openai SDK raised ``RecursionError`` in the
-    application. The pieces between blank lines are measured first, in C (a read of ordinary chunks
-    stops there: ~1 % of the tap's cost on a 64 KB read); then only an event long enough, with
-    brackets enough, is parsed and walked (``nested_too_deep``)."""
-    if max(map(len, block.split(b"\n\n"))) < DEEP_BYTES:  # a CRLF stream's pieces are longer: only slower
+    application. Such an event is DEEP_BYTES long or more: from each event's start, the last blank line
+    within DEEP_BYTES (one ``rfind`` in C) says every event up to it is shorter, and the next look
+    starts after it, so a read of ordinary events is cleared in a few looks per kilobyte. Only an event
+    with no blank line within DEEP_BYTES of its start is looked at: its events split, and one long
+    enough, with brackets enough, parsed and walked."""
+    start, end = 0, len(block)
+    while end - start >= DEEP_BYTES:
+        found = block.rfind(b"\n\n", start, start + DEEP_BYTES)
+        if found < 0 and (found := block.rfind(b"\n\r\n", start, start + DEEP_BYTES)) < 0:
+            break  # an event this long, maybe
+        start = found + 2
+    else:
         return
+    _raise_at(block, lambda event: len(event) >= DEEP_BYTES and event.count(b"[") + event.count(b"{") > MAX_CHUNK_DEPTH,
+              lambda payload: TOO_DEEP if deeper_than(payload, MAX_CHUNK_DEPTH) else "", error)
+
+
+def _raise_at(block: bytes, picked: Callable[[bytes], bool], verdict: Callable[[Any], str],
+              error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
+    """The first event ``picked`` whose data orjson cannot read, or whose ``verdict`` says what is
+    wrong with it, ends the stream: raised with the events before it (``partial``)."""
     events = split_events(block)
     for i, event in enumerate(events):
-        if len(event) < DEEP_BYTES or event.count(b"[") + event.count(b"{") <= MAX_CHUNK_DEPTH:
+        if not picked(event):
             continue
         try:
             payload = orjson.loads(data_of(event))
         except orjson.JSONDecodeError as unread:
             message = f"an upstream event could not be read as JSON ({unread})"
         else:
-            if not deeper_than(payload, MAX_CHUNK_DEPTH):
-                continue
-            message = TOO_DEEP
-        exc = error(message, INVALID_STREAM)
-        exc.partial = b"".join(events[:i])
-        raise exc
+            message = verdict(payload)
+        if message:
+            exc = error(message, INVALID_STREAM)
+            exc.partial = b"".join(events[:i])
+            raise exc
 
 
 class AnthropicUsageTap:

@@ -15,6 +15,7 @@ from proxy.gateway import Gateway
 from proxy.observe.hub import Hub
 from proxy.server.listener import LINGER, SILENT_SECS, Guard, GuardedRunner
 from proxy.server.ops import build_ops_app
+from proxy.server.replies import request_line
 
 from ..conftest import (
     Recorder,
@@ -351,3 +352,51 @@ async def test_the_listeners_own_408_and_503_have_a_request_id_and_an_access_log
     assert [(f.status, f.request_id, f.error) for f in recorder.seen if f.decision is None] == [
         (408, timed_out, "header_timeout"), (503, over, "too_many_connections")]
     assert over and timed_out and over != timed_out
+
+
+@pytest.mark.parametrize(("head", "said"), [
+    pytest.param(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", ("POST", "/v1/chat/completions"),
+                 id="request-line-then-a-stall"),
+    pytest.param(b"GET /v1/models?limit=5 HTTP/1.1\r\n", ("GET", "/v1/models"), id="query-left-out"),
+    pytest.param(b"GET /v1/a%20b HTTP/1.0\n", ("GET", "/v1/a b"), id="percent-decoded-as-aiohttp-does"),
+    pytest.param(b"POST /v1/chat/comp", ("-", "-"), id="request-line-itself-cut"),
+    pytest.param(b"", ("-", "-"), id="nothing"),
+    pytest.param(b"\x16\x03\x01\x02\x00", ("-", "-"), id="tls-hello"),
+    pytest.param(b"get / HTTP/1.1\r\n", ("-", "-"), id="not-a-method"),
+])
+def test_a_head_cut_short_is_logged_with_its_request_line(head: bytes, said: tuple[str, str]) -> None:
+    assert request_line(head) == said
+
+
+async def test_a_408_for_a_head_that_stalled_after_its_request_line_logs_its_method_and_path(upstreams, proxy):
+    """The 408's access line read ``method=- path=-`` though the request line came (in two reads here)."""
+    up = await upstreams({"/v1/chat/completions": ok_handler()})
+    recorder = Recorder()
+    p = await proxy({**route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}),
+                     "connections": {"header_timeout": 0.3}}, observers=[recorder])
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    writer.write(b"POST /v1/chat/com")
+    await asyncio.sleep(0.05)
+    writer.write(b"pletions HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+    data, _ = await closed_within(reader, 3)
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 408")
+    await until(lambda: len(recorder.seen) >= 1)
+    assert [(f.status, f.method, f.path) for f in recorder.seen] == [(408, "POST", "/v1/chat/completions")]
+
+
+@pytest.mark.parametrize("head", [
+    pytest.param(post_head(len(CHAT), extra=b"Content-Encoding: br\r\n") + CHAT, id="brotli-body"),
+    pytest.param(post_head(len(CHAT), extra=b"Transfer-Encoding: chunked\r\n") + CHAT, id="content-length-and-chunked"),
+    pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header Name: 1\r\n\r\n", id="bad-header-name"),
+])
+async def test_a_request_aiohttps_parser_refuses_is_answered_in_http_1_1(guarded, head):
+    """aiohttp answers a request it could not parse as its stand-in request says, HTTP/1.0, to a client
+    that spoke 1.1 (a reviewer's brotli body); a server answers in the highest 1.x it speaks."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
+    try:
+        writer.write(head)
+        data = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 400 "), data[:60]

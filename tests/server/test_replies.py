@@ -70,3 +70,25 @@ async def test_the_ops_listener_answers_every_path_in_json_too(target):
         await runner.cleanup()
     assert got == 404 and b"content-type: application/json" in head
     assert orjson.loads(body)["error"]["code"] == "http_404"
+
+
+@pytest.mark.parametrize(("target", "status"), [
+    pytest.param(b"GET /v1/health", 200, id="health"),
+    pytest.param(b"GET /v1/nothing-here", 404, id="not-an-ops-endpoint"),
+])
+async def test_the_ops_listeners_logged_answers_carry_the_id_their_log_line_has(target, status):
+    """The ops listener's health and 404 lines read ``id=-`` (their answers had no x-request-id), so a
+    line could not be matched to the answer a person was looking at; explain's had one."""
+    lines = io.StringIO()
+    access = AccessLog(AccessLogConfig(format="json"), stream=lines)
+    runner, url = await serve_on_loopback(build_ops_app(Gateway(make_config(CONFIG), observers=[access]), None), 1)
+    try:
+        got, head, _ = await raw(int(url.rsplit(":", 1)[1]), target)
+        await asyncio.sleep(0)  # the observers run on the loop's next turn
+    finally:
+        await runner.cleanup()
+        await access.close()
+    assert got == status
+    (entry,) = [orjson.loads(line) for line in lines.getvalue().splitlines()]
+    rid = entry["id"]
+    assert rid not in (None, "-") and f"x-request-id: {rid}".encode() in head, (entry, head)

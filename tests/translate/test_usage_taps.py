@@ -168,3 +168,28 @@ def test_a_paced_anthropic_text_not_a_string_ends_the_stream():
     with pytest.raises(Exception, match="text is not a string"):
         tap.feed(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
                  b'"delta":{"type":"text_delta","text":5}}\n\n')
+
+
+_DEEP = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}],"x":' + b"[" * 700 + b"]" * 700 + b"}\n\n"
+_LONG = event("y" * 5000)  # long, shallow: passes
+_EVENTS = b"".join(event(f"w{i}") for i in range(300))
+
+
+@pytest.mark.parametrize(("block", "before"), [
+    pytest.param(_EVENTS + _DEEP + _EVENTS, len(_EVENTS), id="deep-in-the-middle-of-a-bulk-read"),
+    pytest.param(_DEEP + _EVENTS, 0, id="deep-first"),
+    pytest.param(_EVENTS + _DEEP, len(_EVENTS), id="deep-last"),
+    pytest.param((_EVENTS + _DEEP + _EVENTS).replace(b"\n\n", b"\r\n\r\n"), len(_EVENTS) + 600, id="crlf-framed"),
+    pytest.param(_EVENTS + _LONG + _EVENTS, None, id="long-but-shallow-passes"),
+    pytest.param(_EVENTS + _EVENTS, None, id="ordinary-bulk-read-passes"),
+])
+def test_a_bulk_read_with_an_event_nested_too_deep_ends_at_that_event(block: bytes, before: int | None) -> None:
+    """The depth check clears a read by looking for a blank line at least every DEEP_BYTES: an event
+    nested past 512 levels is found wherever it sits in the read, whatever its framing."""
+    tap = OpenAIUsageTap(keep_usage_chunk=True)
+    if before is None:
+        assert tap.feed(block) == block
+        return
+    with pytest.raises(Exception, match="nests its JSON more than 512 levels deep") as caught:
+        tap.feed(block)
+    assert len(caught.value.partial) == before
