@@ -32,6 +32,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
+import os
 import shutil
 import signal
 import socket
@@ -45,6 +47,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench
@@ -124,15 +127,17 @@ async def round_robin(urls: list[str], concurrency: int, until: float, starts: d
     async def worker(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < until:
             sent = time.monotonic()
-            record: dict[str, Any] = {"ok": False}
+            instance = next(turn) % len(urls)
+            record: dict[str, Any] = {"ok": False, "at": sent - min(starts.values()), "instance": instance}
             try:
-                async with session.post(urls[next(turn) % len(urls)] + "/v1/chat/completions", data=body,
+                async with session.post(urls[instance] + "/v1/chat/completions", data=body,
                                         headers=headers) as resp:
                     first = await resp.content.readany()
                     record["ttfc_ms"] = (time.monotonic() - sent) * 1000
                     await resp.read()
                     record["ok"] = resp.status == 200 and bool(first)
-                    decision = parse_header(resp.headers["x-route-decision"])
+                    record["header"] = resp.headers["x-route-decision"]
+                    decision = parse_header(record["header"])
                     record["served"] = served = decision.served
                     if record["ok"] and served in pool.NAMES and not loaded:
                         knobs = pool.knobs_at(scenario[served], sent - starts[served], span)
@@ -145,6 +150,30 @@ async def round_robin(urls: list[str], concurrency: int, until: float, starts: d
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     return calls
+
+
+async def load(urls: list[str], concurrency: int, sims: dict[str, int], scenario: dict[str, Any], seconds: float,
+               span: float) -> list[dict[str, Any]]:
+    """The simulators' schedules start again now (``POST /sim/restart``), then the calls: every mode
+    begins its load at the same point of the schedule, however long its processes took to come up (a
+    fleet's three took longer, so its load began up to 0.3 s later in the schedule than one instance's
+    and had fewer calls before a scheduled step: a bias against the fleet of about 2 % on leader-fails)."""
+    await pool.restart(sims)
+    starts = await pool.sim_offsets(sims)
+    until = min(starts.values()) + span
+    if not any(scenario[n].get("steps") for n in pool.NAMES):  # no schedule to keep in step with
+        until = max(until, time.monotonic() + seconds)
+    return await round_robin(urls, concurrency, until, starts, scenario, span)
+
+
+def redis_commands(url: str) -> dict[str, int]:
+    """Commands Redis has served so far, by name (``INFO commandstats``): a fleet run's cost in Redis."""
+    client = redis.Redis.from_url(url)
+    try:
+        stats: Any = client.info("commandstats")
+    finally:
+        client.close()
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
 def start_many(procs: bench.Procs, commands: dict[str, tuple[list[str], int]]) -> None:
@@ -194,16 +223,15 @@ def run_once(args: argparse.Namespace, ports: Ports, tmp: Path, redis: str, scen
         asyncio.run(ready(urls))
         start_many(procs, {f"sim-{n}": (sim_command(scenario, n, i + 1, sims[n], span, tmp / f"{n}.json"), sims[n])
                            for i, n in enumerate(pool.NAMES)})
-        starts = asyncio.run(pool.sim_offsets(sims))
-        until = min(starts.values()) + span
-        if not any(scenario[n].get("steps") for n in pool.NAMES):  # no schedule to keep in step with: the
-            until = max(until, time.monotonic() + seconds)  # whole run, however long the simulators took to start
+        before = redis_commands(redis) if mode == "fleet" else {}
         cpu = sum(bench.cpu_secs(pid) for pid in pids)
-        calls = asyncio.run(round_robin(urls, concurrency, until, starts, scenario, span))
+        calls = asyncio.run(load(urls, concurrency, sims, scenario, seconds, span))
         used = sum(bench.cpu_secs(pid) for pid in pids) - cpu
+        sent = {k: v - before.get(k, 0) for k, v in redis_commands(redis).items()} if mode == "fleet" else {}
         if not any(c["ok"] for c in calls):
             raise RuntimeError(f"{scenario_name} / {mode}: no call answered within the run")
-        return {"calls": calls, "cpu_ms_per_call": used * 1000 / max(len(calls), 1)}
+        return {"calls": calls, "cpu_ms_per_call": used * 1000 / max(len(calls), 1), "load": os.getloadavg()[0],
+                "redis_per_call": {k: v / max(len(calls), 1) for k, v in sent.items() if v}}
     finally:
         procs.stop_all()
 
@@ -224,33 +252,61 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
 
 
+T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)  # Student's t, 90 % two-sided
+
+
+def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each repeat's ratio of means (the two runs met the machine side by side), their geometric mean
+    and its 90 % interval (Student's t over the log ratios): a claim of 5 % holds when the interval's
+    top is under the goal, and is refuted when its bottom is over it."""
+    ratios = [summary([o])["mean_ms"] / summary([b])["mean_ms"] for b, o in zip(base, other, strict=True)]
+    logs = [math.log(r) for r in ratios]
+    mid = statistics.fmean(logs)
+    half = (T90[min(len(logs) - 2, len(T90) - 1)] * statistics.stdev(logs) / math.sqrt(len(logs))
+            if len(logs) > 1 else math.inf)
+    return {"ratios": ratios, "gmean": math.exp(mid), "lo": math.exp(mid - half), "hi": math.exp(mid + half)}
+
+
+def verdict(p: dict[str, Any]) -> str:
+    if p["hi"] <= GOAL:
+        return "met"
+    return "missed" if p["lo"] > GOAL else "not shown"
+
+
 def shares(s: dict[str, Any]) -> str:
     return "/".join(f"{s['share'][n] * 100:.0f}" for n in pool.NAMES)
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\nfleet-pool: one instance (no state) | {args.instances} instances sharing a redis-server (fleet) | "
-          f"{args.instances} instances each alone; round-robin client; strategy {args.strategy}; "
-          f"{args.repeats} interleaved repeat(s), pooled")
-    head = (f"{'scenario':<17}{'c':>3}{'mean ms one|fleet|alone':>25}{'fleet/one':>10}{'repeats':>13}"
-            f"{'fleet/alone':>12}{'p50 one|fleet|alone':>22}{'sched ms':>18}{'CPU ms/call':>18}{'share A/B/C':>27}")
+    modes = args.modes
+    print(f"\nfleet-pool: modes {'|'.join(modes)} (one: one instance, no state; fleet: {args.instances} instances "
+          f"sharing a redis-server; alone: {args.instances} each on its own); round-robin client; strategy "
+          f"{args.strategy}; {args.repeats} interleaved repeat(s)")
+    head = (f"{'scenario':<17}{'c':>3}{'mean ms ' + '|'.join(modes):>25}{'fleet/one [90 %]':>24}{'verdict':>10}"
+            f"{'fleet/alone':>12}{'sched f/o':>10}{'CPU ms/call':>18}{'share A/B/C':>27}{'load':>10}")
     print(head)
     print("-" * len(head))
     for name, res in results.items():
-        rows = [res[m] for m in MODES]
+        rows = [res[m] for m in modes]
 
         def cells(key: str, spec: str, rows: list[dict[str, Any]] = rows) -> str:
             return "|".join("-" if r[key] is None else format(r[key], spec) for r in rows)
 
-        each = " ".join(f"{r:.2f}" for r in res["repeats_x_one"])
-        print(f"{name:<17}{res['concurrency']:>3}{cells('mean_ms', '.1f'):>25}{res['x_one']:>10.3f}{each:>13}"
-              f"{res['x_alone']:>12.3f}{cells('p50_ms', '.1f'):>22}{cells('sched_ms', '.1f'):>18}"
-              f"{cells('cpu_ms_per_call', '.2f'):>18}{'|'.join(shares(r) for r in rows):>27}")
-    ratios = [res["x_one"] for res in results.values()]
-    print(f"\nfleet/one: the fleet's mean time to first chunk / one instance's (goal <= {GOAL}); median over "
-          f"scenarios {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}. fleet/alone: the "
-          "same number of processes without Redis. sched: the served targets' scheduled first_chunk_ms (the "
-          "routing's choice, without the machine's noise). CPU: all firstbyte processes' CPU during the load / calls")
+        pr = res["paired"]
+        alone = f"{res['x_alone']:.3f}" if "x_alone" in res else "-"
+        sched = "-" if res["x_one_sched"] is None else f"{res['x_one_sched']:.3f}"
+        print(f"{name:<17}{res['concurrency']:>3}{cells('mean_ms', '.1f'):>25}"
+              f"{pr['gmean']:>8.3f} [{pr['lo']:.3f}-{pr['hi']:.3f}]{verdict(pr):>10}{alone:>12}{sched:>10}"
+              f"{cells('cpu_ms_per_call', '.2f'):>18}{'|'.join(shares(r) for r in rows):>27}"
+              f"{res['load'][0]:>5.1f}-{res['load'][1]:.1f}")
+        print(f"{'':<20}repeats fleet/one: {' '.join(f'{r:.3f}' for r in pr['ratios'])}; Redis commands per fleet "
+              f"call: {', '.join(f'{k} {v:.3f}' for k, v in sorted(res['redis_per_call'].items())) or '-'}")
+    print(f"\nfleet/one: the geometric mean over repeats of each repeat's fleet mean time to first chunk / one "
+          f"instance's, with its 90 % interval (goal <= {GOAL}: met when the interval's top is under it, missed "
+          "when its bottom is over it). fleet/alone: pooled, the same number of processes without Redis. sched f/o: "
+          "the served targets' scheduled first_chunk_ms, fleet / one (the routing's choice, without the machine's "
+          "noise). CPU: all firstbyte processes' CPU during the load / calls. load: the 1-minute load average "
+          "over the scenario's runs (2 cores: figures under a load much over 1 are loaded).")
 
 
 def save(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> Path:
@@ -260,6 +316,22 @@ def save(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> Path:
     out.write_bytes(orjson.dumps({"instances": args.instances, "strategy": args.strategy, "repeats": args.repeats,
                                   "goal": GOAL, "results": results}, option=orjson.OPT_INDENT_2))
     return out
+
+
+def scenario_result(args: argparse.Namespace, name: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    pooled = {m: summary(runs[m]) for m in args.modes}
+    loads = [r["load"] for rs in runs.values() for r in rs]
+    fleet_calls = sum(len(r["calls"]) for r in runs["fleet"])
+    commands: dict[str, float] = {}
+    for r in runs["fleet"]:
+        for k, v in r["redis_per_call"].items():
+            commands[k] = commands.get(k, 0.0) + v * len(r["calls"]) / fleet_calls
+    return {**pooled, "concurrency": pool.run_length(args, pool.SCENARIOS[name])[1],
+            "x_one": pooled["fleet"]["mean_ms"] / pooled["one"]["mean_ms"],
+            **({"x_alone": pooled["fleet"]["mean_ms"] / pooled["alone"]["mean_ms"]} if "alone" in pooled else {}),
+            "x_one_sched": ratio(pooled["fleet"]["sched_ms"], pooled["one"]["sched_ms"]),
+            "paired": paired(runs["one"], runs["fleet"]), "load": [min(loads), max(loads)],
+            "redis_per_call": commands}
 
 
 def main() -> int:
@@ -275,8 +347,14 @@ def main() -> int:
     p.add_argument("--lead", type=float, default=0.2)
     p.add_argument("--port-base", type=int, default=0,
                    help="take ports from here to here + 99, in turn (0: the kernel's choice)")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                   help="one and fleet at least; alone shows what more processes cost without Redis")
     p.add_argument("--tag", default="")
+    p.add_argument("--dump-calls", action="store_true",
+                   help="also write every call (instance, time, first chunk, x-route-decision) per run")
     args = p.parse_args()
+    if not {"one", "fleet"} <= set(args.modes):
+        p.error("--modes needs one and fleet")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its processes
     for knob in ("explore", "alpha", "load_weight", "hedge_after", "max_extra", "refresh"):
         setattr(args, knob, None)  # simulate-pool's overrides, none: firstbyte's defaults
@@ -285,23 +363,24 @@ def main() -> int:
     redis_proc, redis = start_redis(ports, tmp)
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
+    dumped: dict[str, Any] = {}
     try:
         for name in args.scenarios:
-            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
             for rep in range(args.repeats):
-                for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                for mode in args.modes if rep % 2 == 0 else args.modes[::-1]:
                     print(f"{name} / {mode} ({rep + 1}/{args.repeats})…", file=sys.stderr, flush=True)
                     runs[mode].append(run_one(args, ports, tmp, redis, name, mode, rep))
-            pooled = {m: summary(runs[m]) for m in MODES}
-            results[name] = res = {**pooled, "concurrency": pool.run_length(args, pool.SCENARIOS[name])[1],
-                             "x_one": pooled["fleet"]["mean_ms"] / pooled["one"]["mean_ms"],
-                             "x_alone": pooled["fleet"]["mean_ms"] / pooled["alone"]["mean_ms"],
-                             "x_one_sched": ratio(pooled["fleet"]["sched_ms"], pooled["one"]["sched_ms"]),
-                             "repeats_x_one": [summary([f])["mean_ms"] / summary([o])["mean_ms"]
-                                               for o, f in zip(runs["one"], runs["fleet"], strict=True)]}
-            print(f"{name}: fleet/one {res['x_one']:.3f}, fleet/alone {res['x_alone']:.3f}, means (ms) "
-                  + ", ".join(f"{m} {res[m]['mean_ms']:.1f}" for m in MODES), file=sys.stderr, flush=True)
+            results[name] = res = scenario_result(args, name, runs)
+            pr = res["paired"]
+            print(f"{name}: fleet/one {pr['gmean']:.3f} [{pr['lo']:.3f}-{pr['hi']:.3f}] (repeats "
+                  + " ".join(f"{r:.3f}" for r in pr["ratios"]) + "), means (ms) "
+                  + ", ".join(f"{m} {res[m]['mean_ms']:.1f}" for m in args.modes)
+                  + f", load {res['load'][0]:.1f}-{res['load'][1]:.1f}", file=sys.stderr, flush=True)
             save(results, args)
+            if args.dump_calls:
+                dumped[name] = runs
+                (OUT / f"fleet-pool-calls{'-' + args.tag if args.tag else ''}.json").write_bytes(orjson.dumps(dumped))
     finally:
         redis_proc.terminate()
         redis_proc.wait(10)

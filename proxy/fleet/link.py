@@ -31,6 +31,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from ..config import Config, StateLink, TargetKey
 from ..state import State
+from ..state.breaker import CLOSED
 from .backlog import PAGE, fold_in, tail
 from .fold import Peers, fold, split
 from .measures import Measures
@@ -111,9 +112,16 @@ class FleetLink:
         series = (event[1], event[2]) if event[0] == "s" else None  # a first sample: peers know it at once
         if series is not None and (series not in self._sampled or series in self.measures.unmeasured):
             self._sampled.add(series)
+            self.measures.unmeasured.discard(series)  # measured now: the next samples wait for the tick
             self._urgent.set()
-        elif event[0] in URGENT:
+        elif event[0] in URGENT and (event[0] != "f" or self._counting(event[1])):
             self._urgent.set()
+
+    def _counting(self, key: TargetKey) -> bool:
+        """The target's breaker still counts failures here. Once it is open (its opening went at once), a
+        failure of a call still in flight adds nothing a peer needs now: it waits for the tick."""
+        ts = self.state.targets.get(key)
+        return ts is None or ts.breaker.state == CLOSED
 
     def asked(self, route: str, mode: str) -> None:
         """A request for ``route`` in ``mode``: its measuring claims are kept (``measures.py``)."""
@@ -121,9 +129,6 @@ class FleetLink:
 
     def to_wall(self, mono: float) -> float:
         return time.time() + (mono - self.clock())
-
-    def to_local(self, wall: float) -> float:
-        return self.clock() + (wall - time.time())
 
     def fleet_in_flight(self, key: TargetKey) -> int:
         """Calls the other instances have in flight at this target, as they last said."""

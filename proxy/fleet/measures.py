@@ -9,7 +9,8 @@ ever awaits Redis (docs/adr/0016, "One measure per target and mode"):
 - Every ``TICK`` while a target of a ``fastest`` route is unmeasured in a mode (and usable), this
   task reads who holds each such claim (one ``MGET`` of ``firstbyte:FLEET:measure:MODE:FID``) and
   swaps the peers' claims into ``State.measuring``; every ``QUIET_TICK`` once nothing changed for
-  ``QUIET_SECS`` (an idle fleet, or a mode no client uses: the claims stand as they are). The
+  ``QUIET_SECS`` (an idle fleet: the claims stand as they are), or while no mode with claims to read
+  was asked for here (a cold start's other mode; its first request wakes the task at once). The
   planner counts a peer's claim as a call measuring the target, as it counts its own: the target
   goes behind the measured ones and behind unmeasured ones nobody measures. It reads a set; it
   never waits.
@@ -78,13 +79,15 @@ class Measures:
         self.first_asked: float | None = None  # the tick that saw this instance's first request
         self.routes_of: dict[Claim, set[str]] = {}  # the routes whose unmeasured targets a claim names
         self.pending = True  # the last tick wanted some claim read or taken
+        self.busy = False  # ... of a mode this instance was asked for (the others' claims stand, read slowly)
         self._wake = asyncio.Event()
         self.claims = 0  # won, since start
         self._seen: object = None  # what the last tick read: unmeasured, holders, in use
         # (target, mode) pairs without a figure, as the last tick saw: a sample of one (a first measure)
-        # goes to the peers at once. Local targets, not fleet ids: one upstream named twice, one of the
-        # names measured, would make every sample of the measured one urgent.
-        self.unmeasured: frozenset[tuple[TargetKey, str]] = frozenset()
+        # goes to the peers at once, and the link takes the pair out (the tick may be 0.5 s away: every
+        # sample until then went at once). Local targets, not fleet ids: one upstream named twice, one
+        # of the names measured, would make every sample of the measured one urgent.
+        self.unmeasured: set[tuple[TargetKey, str]] = set()
         self._changed_at = 0.0
 
     def configure(self, config: Config) -> None:
@@ -104,7 +107,7 @@ class Measures:
         """The link is down: our claims expire on their own; nobody else's binds us."""
         self.held.clear()
         self.renewed.clear()
-        self.unmeasured = frozenset()
+        self.unmeasured = set()
         self.link.state.set_measuring(frozenset())
 
     def status(self) -> list[str]:
@@ -117,9 +120,11 @@ class Measures:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(IDLE_TICK):
                         await self._wake.wait()
-            else:
-                quiet = self.link.clock() - self._changed_at > QUIET_SECS
-                await asyncio.sleep(QUIET_TICK if quiet else TICK)
+            else:  # often only while a mode asked for here has claims to read (a request of another wakes it)
+                quiet = not self.busy or self.link.clock() - self._changed_at > QUIET_SECS
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(QUIET_TICK if quiet else TICK):
+                        await self._wake.wait()
             self._wake.clear()
             await self.tick()
 
@@ -127,9 +132,10 @@ class Measures:
         """Read the claims of what is unmeasured, tend ours, take one ahead per mode."""
         link, now = self.link, self.link.clock()
         unmeasured = self._unmeasured(now)
-        self.unmeasured = frozenset((key, claim[1]) for claim, keys in unmeasured.items() for key in keys)
+        self.unmeasured = {(key, claim[1]) for claim, keys in unmeasured.items() for key in keys}
         wanted = self._wanted(unmeasured, now)
         self.pending = bool(wanted)
+        self.busy = bool({m for _, m in wanted} & {m for _, m in self.live})
         for claim in [c for c in self.held if c not in wanted]:
             # Measured (or no longer measurable, or no traffic here): left to expire, not deleted, so a
             # peer whose view lacks the sample yet still reads it as being measured, not free to measure.

@@ -186,7 +186,9 @@ class State:
                      by: str = "") -> None:
         """Another instance's (``by``) sample (``at``: when it was taken, on this process's clock); a
         first token is also a success (it closes the breaker: only a probe or a rescue can succeed at
-        an open target)."""
+        an open target), unless it is older than the newest failure this breaker knows: a peer's
+        samples wait for its next tick, so a success taken before the failures that opened the breaker
+        here arrived after them and closed it again (docs/adr/0016, "what a late success closes")."""
         if ts.retired:
             return
         ts.figure_by = (by, f"{mode} {'bound' if censored else 'sample'}", at)
@@ -194,6 +196,9 @@ class State:
             self.tracker.censor(ts.key, seconds, at, mode)
             return
         self.tracker.record(ts.key, seconds, at, mode)
+        if at < ts.breaker.failed_at:  # older than a failure known here (samples ride the next tick, up
+            ts.history.append(True)  # to a second late): it resets no count and closes no opening
+            return
         _succeeded(ts, by, at)
 
     def heard_failure(self, ts: TargetState, now: float, cooldown: Cooldown, by: str = "") -> None:

@@ -8,7 +8,8 @@ Retry-After cools the target down for the hinted time without opening it.
 In a fleet (docs/adr/0016) the breaker is ``gated``: its half-open probe is the fleet's one, so
 it is let through only once the fleet link has ``claimed`` it in Redis; until then the target
 reads as probing (another instance may be probing it). Failures and openings heard from other
-instances fold in with ``heard_failure`` and ``heard_open``.
+instances fold in with ``heard_failure`` and ``heard_open``. ``failed_at`` is when the newest failure
+it counted happened (or was heard): a peer's success older than that closes nothing (``State.heard_sample``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ _HEALTHY = Health(CLOSED, 0.0, 0.0, 0)
 
 
 class Breaker:
-    __slots__ = ("claimed", "cool_until", "cooldown", "failures", "gated", "open_until", "probing", "state")
+    __slots__ = ("claimed", "cool_until", "cooldown", "failed_at", "failures", "gated", "open_until", "probing",
+                 "state")
 
     def __init__(self, gated: bool = False) -> None:
         self.state = CLOSED
@@ -70,6 +72,7 @@ class Breaker:
         self.probing = False
         self.gated = gated  # in a fleet: the probe needs the fleet's claim
         self.claimed = False  # the fleet's probe claim is ours (gated only)
+        self.failed_at = -math.inf  # the newest failure counted or opening heard (this process's clock)
 
     def health(self, now: float) -> Health:
         cooling = max(0.0, self.cool_until - now)
@@ -118,6 +121,7 @@ class Breaker:
 
     def failure(self, now: float, policy: Cooldown) -> None:
         self.failures += 1
+        self.failed_at = max(self.failed_at, now)
         if self.state == OPEN:
             if self.probing:  # the probe failed: wait twice as long
                 self.probing = False
@@ -140,6 +144,7 @@ class Breaker:
 
     def heard_open(self, until: float, cooldown: float) -> None:
         """Another instance opened the breaker (or reopened it after its probe failed) until then."""
+        self.failed_at = max(self.failed_at, until - cooldown)  # when it opened there
         if self.state == OPEN and until <= self.open_until:
             return
         self.state = OPEN

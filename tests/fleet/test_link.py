@@ -24,7 +24,7 @@ from proxy.fleet import backlog, measures
 from proxy.fleet.link import BATCH, HEARTBEAT, served
 from proxy.fleet.wire import fleet_ids, stream_key
 
-from ..conftest import Proxy, chat_body, make_config, openai_provider, status_handler
+from ..conftest import Proxy, chat_body, chunk_event, make_config, openai_provider, status_handler
 from ..redis_server import PASSWORD, RedisServer
 
 PATH = "/v1/chat/completions"
@@ -558,3 +558,151 @@ async def test_a_catch_up_after_a_drop_leaves_the_loop_free_and_is_bounded(own_r
     # the loop was held 1.5 s or more before (150,000 events in one pass); slices of ~10-100 ms now (a loaded box)
     assert len(answered) > 10 and max(answered) < 0.5, sorted(answered)[-5:]
     assert fleet_link.events_in - before <= 30_000, fleet_link.events_in - before  # the newest 2 MB, not 150,000
+
+
+async def test_a_peers_success_older_than_the_failures_closes_nothing(redis_server, upstreams, proxy) -> None:
+    """A peer's routine sample waits for its tick (up to a second), so a success it took before the
+    target began failing reached the others after the failures that opened the breaker there, and
+    closed it: the fleet went back to the failing target (issue 26, leader-fails). A success older
+    than the newest failure a breaker knows still counts as a sample, and closes nothing."""
+    failing = [False]
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        return await (status_handler(503) if failing[0] else ok)(request)
+
+    bad = await upstreams({PATH: flaky})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(2, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url}))
+    key = ("bad", "m")
+    async with aiohttp.ClientSession() as session:
+        assert await post(session, ps[0]) == 200  # its first measure goes at once
+        await asyncio.sleep(0.2)
+        while time.time() % HEARTBEAT > 0.3 * HEARTBEAT:  # early in a tick: the next success waits for it
+            await asyncio.sleep(0.01)
+        assert await post(session, ps[0]) == 200  # a success of bad, sent on the next tick
+        failing[0] = True
+        for _ in range(3):  # the threshold's failures (failed over to good): bad opens on both
+            assert await post(session, ps[1]) == 200
+        await until(lambda: all(not p.gateway.state.health(key, p.gateway.clock()).usable for p in ps), 0.5)
+        await asyncio.sleep(1.5 * HEARTBEAT)  # the tick brought ps[0]'s older success to ps[1]
+    assert ps[1].gateway.state.tracker.samples(key, "buffered") == 2  # heard as a sample
+    for p in ps:
+        assert p.gateway.state.health(key, p.gateway.clock()).state == "open"
+
+
+async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_the_tick(redis_server, upstreams,
+                                                                                        proxy) -> None:
+    """A cold fleet's first sample of a target goes at once; the next ones are routine. The link read
+    "still unmeasured" from the measuring claims' last tick, up to 0.5 s old once the claims stood
+    still (an idle fleet before its first request), so every call of a cold start's first half
+    second wrote its own entry and woke every reader (scripts/fleet_pool.py cold-start: 0.16 XADD per
+    call, against 0.006 under steady load)."""
+    up = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(redis_server, fleet, {"up": up.url})
+    raw["routes"]["chat"]["strategy"] = "fastest"
+    (p,) = await fleet_of(1, proxy, raw)
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        await asyncio.sleep(1.5 * measures.QUIET_SECS)  # idle: the claims' tick is the quiet one
+        newest = await client.xrevrange(stream_key(fleet), count=1)
+        first = newest[0][0].decode() if newest else "0-0"
+        async with aiohttp.ClientSession() as session:
+            start, calls = time.monotonic(), 0
+            while time.monotonic() - start < 0.4:  # one after another, right from the first measure
+                assert await post(session, p) == 200
+                calls += 1
+        elapsed = time.monotonic() - start
+        entries = await client.xrange(stream_key(fleet), min=f"({first}")
+    finally:
+        await client.aclose()
+    assert calls > 8, calls  # one entry per call would fail the bound below
+    samples = [e for _, fields in entries for e in orjson.loads(fields[b"e"]) if e[0] == "s"]
+    assert samples[0][3] > 0  # the first measure went (at once)
+    assert len(entries) <= elapsed / HEARTBEAT + 2, (len(entries), calls, elapsed)
+
+
+async def either(request: web.Request) -> web.StreamResponse:
+    """A stream when asked for one, else one body."""
+    if not (await request.json()).get("stream"):
+        return web.json_response(chat_body("fine"))
+    response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(chunk_event("fine") + chunk_event("", "stop") + b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def mget_calls(client: aioredis.Redis) -> int:
+    return int((await client.info("commandstats")).get("cmdstat_mget", {}).get("calls", 0))
+
+
+async def streamed(session: aiohttp.ClientSession, p: Proxy) -> int:
+    async with session.post(p.url + PATH, json={**CHAT, "stream": True}) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def test_a_mode_nobody_asked_for_keeps_the_quiet_pace_in_the_cold_start(own_redis, upstreams, proxy) -> None:
+    """During the cold start every mode holds a claim ahead, but only a mode asked for here needs the
+    claims read every 50 ms: a fleet asked only for streams read the buffered claims 20 times a second
+    for a second after each change (scripts/fleet_pool.py cold-start and leader-fails: 0.10-0.14 MGET
+    per call), where the quiet pace is 2 a second; a request of that mode wakes the reads at once."""
+    up = await upstreams({PATH: either})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(own_redis, fleet, {"up": up.url})
+    raw["routes"]["chat"]["strategy"] = "fastest"
+    (p,) = await fleet_of(1, proxy, raw)
+    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    try:
+        await asyncio.sleep(1.5 * measures.QUIET_SECS)  # idle: the claims stood still
+        async with aiohttp.ClientSession() as session:
+            assert await streamed(session, p) == 200  # streamed measured; buffered still claimed ahead
+            await asyncio.sleep(0.1)
+            before, start = await mget_calls(client), time.monotonic()
+            while time.monotonic() - start < 1.0:  # streams only, as fleet_pool's scenarios send
+                assert await streamed(session, p) == 200
+            elapsed = time.monotonic() - start
+            mgets = await mget_calls(client) - before
+            assert p.gateway.fleet is not None and any(m == "buffered" for _, m in p.gateway.fleet.measures.held)
+    finally:
+        await client.aclose()
+    assert mgets <= elapsed / measures.QUIET_TICK + 2, (mgets, elapsed)
+
+
+async def test_failures_after_the_breaker_opened_wait_for_the_tick(redis_server, upstreams, proxy) -> None:
+    """A counted failure goes at once while the breaker counts: the fleet opens at its threshold. Once it
+    is open here (and its opening went at once), the calls still in flight that fail add nothing a peer
+    needs now, yet each wrote its own entry and woke every reader (leader-fails: 0.09 XADD per call)."""
+    delays = iter([0.0, 0.1, 0.15, 0.2, 0.25, 0.3])
+
+    async def failing_late(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await asyncio.sleep(next(delays))
+        return web.json_response({"error": {"message": "down"}}, status=503)
+
+    bad = await upstreams({PATH: failing_late})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    (p,) = await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url},
+                                                 failures=1))
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        await asyncio.sleep(0.2)
+        newest = await client.xrevrange(stream_key(fleet), count=1)
+        first = newest[0][0].decode() if newest else "0-0"
+        start = time.monotonic()
+        async with aiohttp.ClientSession() as session:  # six calls in flight; the first failure opens
+            assert await asyncio.gather(*(post(session, p) for _ in range(6))) == [200] * 6
+        elapsed = time.monotonic() - start
+        entries = await client.xrange(stream_key(fleet), min=f"({first}")
+        await asyncio.sleep(1.5 * HEARTBEAT)
+        later = await client.xrange(stream_key(fleet), min=f"({first}")
+    finally:
+        await client.aclose()
+    sent = [e for _, fields in later for e in orjson.loads(fields[b"e"])]
+    assert sum(e[0] == "f" for e in sent) == 6  # every failure still travels
+    assert sum(e[0] == "o" for e in sent) == 1
+    # the opening, good's first measure (the failovers'), the ticks: not one entry per later failure (7 before)
+    assert len(entries) <= elapsed / HEARTBEAT + 3, (len(entries), elapsed)
