@@ -59,8 +59,9 @@ class Peers:
 
 
 def fold(state: State, instance: str, wires: Sequence[Wire], keys_of: Mapping[str, Sequence[TargetKey]],
-         now: float, to_local: Callable[[float], float], peers: Peers) -> int:
-    """Apply one peer batch; returns how many events applied to a target this instance has.
+         now: float, to_local: Callable[[float], float], peers: Peers, told: float | None = None) -> int:
+    """Apply one peer batch (``told``: when its entry was written, on this process's clock; it dates
+    the failures, whose events carry no time); returns how many events applied to a target this instance has.
 
     A peer's word is bounded here as our own would be: a deadline at most the breaker's longest
     cooldown ahead (a peer's clock an hour fast, or a forged entry, cannot open a breaker for
@@ -74,7 +75,7 @@ def fold(state: State, instance: str, wires: Sequence[Wire], keys_of: Mapping[st
                 continue
             keys = keys_of.get(wire[1], ()) if isinstance(wire[1], str) else ()
             if keys:  # read and bounded once, applied to every local target of the fleet id
-                _apply(state, [state.target(key) for key in keys], wire, now, to_local, instance)
+                _apply(state, [state.target(key) for key in keys], wire, now, to_local, instance, told)
                 applied += len(keys)
         except (TypeError, ValueError, KeyError, IndexError):
             continue  # a malformed event from a peer of another version: skipped alone
@@ -82,7 +83,7 @@ def fold(state: State, instance: str, wires: Sequence[Wire], keys_of: Mapping[st
 
 
 def _apply(state: State, targets: list[Any], wire: Wire, now: float, to_local: Callable[[float], float],
-           by: str) -> None:
+           by: str, told: float | None) -> None:
     kind = wire[0]
     if kind in ("s", "c"):  # a sample from a clock ahead of ours lands now, not in our future
         at = min(now, to_local(_bounded(wire[4], 0.0, math.inf)))
@@ -92,7 +93,7 @@ def _apply(state: State, targets: list[Any], wire: Wire, now: float, to_local: C
     elif kind == "f":
         cooldown = Cooldown(failures=max(1, int(wire[3])), secs=_bounded(wire[4], 0.0, MAX_COOLDOWN))
         for ts in targets:
-            state.heard_failure(ts, now, cooldown, by)
+            state.heard_failure(ts, now, cooldown, by, told)
     elif kind == "o":
         told = to_local(_bounded(wire[2], 0.0, math.inf))
         until = min(told, now + MAX_COOLDOWN)

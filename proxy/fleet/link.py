@@ -352,7 +352,8 @@ class FleetLink:
         wires = decode(fields.get("e", "[]"))
         now = self.clock()
         offset = now - time.time()  # wall clock to ours, read once per entry, not per event
-        applied = fold(self.state, instance, wires, self.keys_of, now, lambda wall: wall + offset, self.peers)
+        applied = fold(self.state, instance, wires, self.keys_of, now, lambda wall: wall + offset, self.peers,
+                       _told(entry_id, offset, now))
         if any(wire[0] in ("f", "o") for wire in wires):
             self.probes.wake()  # a breaker may have opened: its probe claim is looked after from now
         self.events_in += len(wires)
@@ -360,6 +361,16 @@ class FleetLink:
             with contextlib.suppress(ValueError):
                 self.lag = max(0.0, time.time() - int(entry_id.split("-")[0]) / 1000)
         return applied
+
+
+def _told(entry_id: str, offset: float, now: float) -> float | None:
+    """When an entry was written (its id's milliseconds, Redis's wall clock), on this process's clock and
+    not after ``now``: a failure folded from a warm start or a catch-up is dated then, not when read, so
+    a success the same backlog brings later, taken after it, still resets the count."""
+    try:
+        return min(now, int(entry_id.split("-")[0]) / 1000 + offset)
+    except ValueError:
+        return None
 
 
 def _next_tick(now: float) -> float:

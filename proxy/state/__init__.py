@@ -201,11 +201,13 @@ class State:
             return
         _succeeded(ts, by, at)
 
-    def heard_failure(self, ts: TargetState, now: float, cooldown: Cooldown, by: str = "") -> None:
-        """Another instance's counted failure: the fleet counts failures together."""
+    def heard_failure(self, ts: TargetState, now: float, cooldown: Cooldown, by: str = "",
+                      at: float | None = None) -> None:
+        """Another instance's counted failure (``at``: when it was told, on this process's clock): the
+        fleet counts failures together, and a peer's success older than it resets nothing."""
         ts.history.append(False)
         was = ts.breaker.state
-        ts.breaker.heard_failure(now, cooldown)
+        ts.breaker.heard_failure(now, cooldown, at)
         ts.breaker_by = (by, "failure" if ts.breaker.state == was else "opened", now)
 
     def heard_open(self, ts: TargetState, until: float, cooldown: float, by: str, now: float) -> None:

@@ -72,7 +72,7 @@ class Breaker:
         self.probing = False
         self.gated = gated  # in a fleet: the probe needs the fleet's claim
         self.claimed = False  # the fleet's probe claim is ours (gated only)
-        self.failed_at = -math.inf  # the newest failure counted or opening heard (this process's clock)
+        self.failed_at = -math.inf  # the newest failure counted (or heard) or opening heard (this process's clock)
 
     def health(self, now: float) -> Health:
         cooling = max(0.0, self.cool_until - now)
@@ -133,10 +133,12 @@ class Breaker:
             self.cooldown = policy.secs
             self.open_until = now + policy.secs
 
-    def heard_failure(self, now: float, policy: Cooldown) -> None:
+    def heard_failure(self, now: float, policy: Cooldown, at: float | None = None) -> None:
         """Another instance's counted failure: it adds to the consecutive count (and may open the
-        breaker here too), but it is never this instance's probe verdict."""
+        breaker here too), but it is never this instance's probe verdict. ``at``: when it was told
+        (its entry's time; ``now`` without one): a peer's success older resets nothing (``State.heard_sample``)."""
         self.failures += 1
+        self.failed_at = max(self.failed_at, now if at is None else at)
         if self.state == CLOSED and self.failures >= policy.failures:
             self.state = OPEN
             self.cooldown = policy.secs

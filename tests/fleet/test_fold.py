@@ -120,3 +120,18 @@ def test_members_are_the_peers_heard_lately_and_an_old_heartbeat_is_not_one() ->
     peers.heard("p3", {}, 12.7)
     assert peers.members(12.7) == ("p2", "p3")
     assert peers.members(16.0) == ()
+
+
+@pytest.mark.parametrize(("told", "sample_at", "failures"), [
+    pytest.param(90.0, 1095.0, 0, id="a-success-after-the-entry-resets-the-count"),
+    pytest.param(90.0, 1085.0, 2, id="a-success-before-the-entry-resets-nothing"),
+    pytest.param(None, 1095.0, 2, id="no-entry-time-dated-when-folded"),
+])
+def test_a_peers_failures_are_dated_by_their_entry(told: float | None, sample_at: float, failures: int) -> None:
+    """A failure carries no time; its entry's does. A warm start or catch-up folds old failures now, and
+    the success the same backlog brings after them (taken later) must still reset the count; a
+    success older than them (samples ride the next tick) must not."""
+    state = State()
+    fold(state, "peer", [["f", "u|m", "503", 3, 30.0]] * 2, KEYS, 100.0, lambda wall: wall - 1000.0, Peers(), told)
+    fold(state, "peer", [["s", "u|m", "streamed", 0.2, sample_at]], KEYS, 100.0, lambda wall: wall - 1000.0, Peers())
+    assert state.targets[("a", "m")].breaker.failures == failures

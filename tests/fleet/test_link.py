@@ -591,6 +591,32 @@ async def test_a_peers_success_older_than_the_failures_closes_nothing(redis_serv
         assert p.gateway.state.health(key, p.gateway.clock()).state == "open"
 
 
+async def test_a_peers_failures_are_dated_by_their_stream_entry(redis_server, upstreams, proxy) -> None:
+    """A failure carries no time on the wire; its entry's id does. Undated, a peer's success older than
+    the failures heard (it rode the peer's next tick) reset their count; dated when folded, a warm
+    start's old failures would outlive the success its backlog brings after them."""
+    up = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(redis_server, fleet, {"up": up.url}, failures=5)
+    (fid,) = fleet_ids(make_config(raw, ENV)).values()
+    fail, stream = ["f", fid, "503", 5, 30.0], stream_key(fleet)
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    try:
+        ms = int(time.time() * 1000)  # a backlog 10 s old: two failures, then a success taken after them
+        await client.xadd(stream, {"i": "peer", "e": orjson.dumps([fail, fail])}, id=f"{ms - 10_000}-0")
+        await client.xadd(stream, {"i": "peer", "e": orjson.dumps([["s", fid, "buffered", 0.2, ms / 1000 - 9.5]])},
+                          id=f"{ms - 9_000}-0")
+        (p,) = await fleet_of(1, proxy, raw)
+        target = p.gateway.state.target(("up", "m"))
+        assert (p.gateway.state.tracker.samples(("up", "m"), "buffered"), target.breaker.failures) == (1, 0)
+        await client.xadd(stream, {"i": "peer", "e": orjson.dumps([fail, fail])})  # now: two failures, then
+        await client.xadd(stream, {"i": "peer", "e": orjson.dumps([["s", fid, "buffered", 0.2, time.time() - 0.5]])})
+        await until(lambda: p.gateway.state.tracker.samples(("up", "m"), "buffered") == 2)  # an older success
+    finally:
+        await client.aclose()
+    assert target.breaker.failures == 2
+
+
 async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_the_tick(redis_server, upstreams,
                                                                                         proxy) -> None:
     """A cold fleet's first sample of a target goes at once; the next ones are routine. The link read

@@ -16,7 +16,7 @@ import pytest
 
 from proxy.config import Cooldown
 from proxy.state import State, TargetState
-from proxy.state.breaker import GO, OPEN, PROBE, WAIT
+from proxy.state.breaker import CLOSED, GO, OPEN, PROBE, WAIT
 from proxy.state.tracker import BUFFERED, STREAMED
 
 KEY = ("p", "m")
@@ -218,3 +218,40 @@ def test_targets_only_a_pin_names_are_bounded_least_recently_asked_first() -> No
     assert ("p", "pin-1") not in state.targets and state.tracker.samples(("p", "pin-1")) == 0
     assert (("p", f"pin-{UNLISTED_MAX + 499}")) in state.targets
     assert sum(len(by_key) for by_key in state.tracker.modes.values()) <= UNLISTED_MAX + 1
+
+
+THREE = Cooldown(failures=3, secs=10.0)
+
+
+@pytest.mark.parametrize(("change", "failures", "state"), [
+    pytest.param(lambda s, ts: (s.failed(ts, 5.0, THREE, "503"), s.failed(ts, 6.0, THREE, "503"),
+                                s.heard_sample(ts, 0.2, 4.0, STREAMED, False, "peer")), 2, CLOSED,
+                 id="own-failures-an-older-success-resets-nothing"),
+    pytest.param(lambda s, ts: (s.heard_failure(ts, 5.0, THREE, "peer"), s.heard_failure(ts, 6.0, THREE, "peer"),
+                                s.heard_sample(ts, 0.2, 4.0, STREAMED, False, "peer")), 2, CLOSED,
+                 id="heard-failures-an-older-success-resets-nothing"),
+    pytest.param(lambda s, ts: ([s.heard_failure(ts, 5.0 + i, THREE, "peer") for i in range(3)],
+                                s.heard_sample(ts, 0.2, 6.5, STREAMED, False, "peer")), 3, OPEN,
+                 id="heard-failures-opened-an-older-success-closes-nothing"),
+    pytest.param(lambda s, ts: (s.heard_open(ts, 15.0, 10.0, "peer", 5.0),
+                                s.heard_sample(ts, 0.2, 4.0, STREAMED, False, "peer")), 0, OPEN,
+                 id="heard-opening-an-older-success-closes-nothing"),
+    pytest.param(lambda s, ts: (s.heard_failure(ts, 5.0, THREE, "peer"), s.heard_failure(ts, 6.0, THREE, "peer"),
+                                s.heard_sample(ts, 0.2, 7.0, STREAMED, False, "peer")), 0, CLOSED,
+                 id="a-newer-success-resets-the-count"),
+    pytest.param(lambda s, ts: (s.heard_failure(ts, 7.0, THREE, "peer", 3.0),
+                                s.heard_failure(ts, 7.0, THREE, "peer", 3.5),
+                                s.heard_sample(ts, 0.2, 4.0, STREAMED, False, "peer")), 0, CLOSED,
+                 id="a-backlogs-failures-dated-by-their-entry-a-success-after-them-resets"),
+])
+def test_a_peers_success_older_than_a_failure_known_here_closes_nothing(
+        change: Callable[[State, TargetState], Any], failures: int, state: str) -> None:
+    """A peer's samples ride its next tick (up to a second late) while failures go at once: a success
+    taken before failures known here (counted, heard, or an opening heard) is a sample, not a reset of
+    the count nor a close (docs/adr/0016, "what a late success closes"). A heard failure is dated when
+    folded, as the ADR says: it was not dated at all, so a late success reset a count of peers' failures
+    and closed a breaker they had opened here."""
+    s = State()
+    ts = s.target(KEY)
+    change(s, ts)
+    assert (ts.breaker.failures, s.health(KEY, 8.0).state) == (failures, state)
