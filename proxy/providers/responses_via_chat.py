@@ -22,11 +22,13 @@ from ..config import Provider, Target
 from ..errors import StreamError
 from ..translate.chat_to_anthropic import TranslationError
 from ..translate.chat_to_responses import ChatStreamToResponses, ResponsesStreamError, chat_to_response, error_payload
+from ..translate.chunk_types import DEEP_BYTES
 from ..translate.first_token import FirstToken, ResponsesFirstToken
 from ..translate.passthrough import answer_lines
 from ..translate.responses_to_chat import responses_to_chat
 from ..translate.sse import EventFramer, event_frame, json_object, split_events
 from ..translate.usage import usage_from_responses
+from ..translate.usage_taps import raise_on_deep
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 from .openai import OpenAIAdapter
 
@@ -38,7 +40,8 @@ _SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
 
 class ResponsesUsageTap:
     """Count a Responses stream relayed as it is: done at its terminal event, whose
-    ``response.usage`` holds the counts; an ``error`` event fails the stream."""
+    ``response.usage`` holds the counts; an ``error`` event fails the stream, and so does an event
+    nested past what a client's parser reads (the openai SDK raised ``RecursionError``)."""
 
     def __init__(self) -> None:
         self.usage: dict[str, int] | None = None
@@ -48,6 +51,8 @@ class ResponsesUsageTap:
 
     def feed(self, data: bytes) -> bytes:
         block = answer_lines(self._framer.complete(data))
+        if len(block) >= DEEP_BYTES:  # nested past a client's parser (usage_taps.py); shorter cannot be
+            self._deep(block)
         if block:
             self._last = block
         if any(marker in block for marker in _TERMINAL):
@@ -58,6 +63,15 @@ class ResponsesUsageTap:
             exc.partial = block  # the upstream's own error event is the client's to see
             raise exc
         return block
+
+    def _deep(self, block: bytes) -> None:
+        """An event nested past what a client's parser reads ends the stream; the error event is numbered
+        after the events relayed before it."""
+        try:
+            raise_on_deep(block, ResponsesStreamError)
+        except ResponsesStreamError as exc:
+            self._last = exc.partial or self._last
+            raise
 
     def finish(self) -> bytes:
         return answer_lines(self._framer.rest())

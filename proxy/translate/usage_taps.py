@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from ..bounds import MAX_CHUNK_DEPTH, deeper_than
+from ..errors import StreamError
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
@@ -53,7 +54,7 @@ from .sse import (
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 
-__all__ = ["AnthropicUsageTap", "OpenAIUsageTap"]
+__all__ = ["AnthropicUsageTap", "OpenAIUsageTap", "raise_on_deep"]
 
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
@@ -108,7 +109,7 @@ class OpenAIUsageTap:
         if RELAYED_SUSPECT.search(block) is not None:  # a field of another type, maybe: parsed only then
             _raise_on_wrong(block, SUSPECT, chunk_problem, OpenAIStreamError)
         if len(block) >= DEEP_BYTES:  # shorter cannot nest too deep: a paced stream's read pays one comparison
-            _raise_on_deep(block, OpenAIStreamError)
+            raise_on_deep(block, OpenAIStreamError)
         if block.find(b'"usage"') < 0:
             return block
         found = _usage_objects(block)
@@ -202,7 +203,7 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
     _raise_at(block, lambda event: suspect.search(event) is not None, wrong, error)
 
 
-def _raise_on_deep(block: bytes, error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
+def raise_on_deep(block: bytes, error: type[StreamError]) -> None:
     """An event nested past what a client's parser reads ends the stream, well typed or not: no type
     search finds ``"content":"x","x":[[[...]]]``, and the openai SDK raised ``RecursionError`` in the
     application. Such an event is DEEP_BYTES long or more: from each event's start, the last blank line
@@ -223,7 +224,7 @@ def _raise_on_deep(block: bytes, error: type[OpenAIStreamError] | type[Anthropic
 
 
 def _raise_at(block: bytes, picked: Callable[[bytes], bool], verdict: Callable[[Any], str],
-              error: type[OpenAIStreamError] | type[AnthropicStreamError]) -> None:
+              error: type[StreamError]) -> None:
     """The first event ``picked`` whose data orjson cannot read, or whose ``verdict`` says what is
     wrong with it, ends the stream: raised with the events before it (``partial``)."""
     events = split_events(block)
@@ -264,7 +265,7 @@ class AnthropicUsageTap:
         if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
             _raise_on_wrong(block, TEXT_SUSPECT, text_problem, AnthropicStreamError)
         if len(block) >= DEEP_BYTES:
-            _raise_on_deep(block, AnthropicStreamError)
+            raise_on_deep(block, AnthropicStreamError)
         if block.find(b'"error"') < 0 and (block.find(b'"usage"') < 0 or _USAGE_OBJECT.search(block) is None):
             return block  # (the literal first: a find costs less than the regex's fixed cost, every event)
         events = split_events(block)

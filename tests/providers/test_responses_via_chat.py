@@ -3,6 +3,7 @@ and simulated targets, as it is to a provider with ``responses: true``, failover
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import openai
@@ -335,4 +336,35 @@ async def test_a_passthrough_stream_cut_ends_with_an_error_event_numbered_on(raw
     events = [event async for event in stream]
     assert [(e.type, e.sequence_number) for e in events] == [
         ("response.created", 0), ("response.output_text.delta", 1), ("error", 2)]
+    assert "failed after it started" in events[-1].message
+
+
+@pytest.mark.parametrize("levels", [pytest.param(700, id="past-the-chunk-depth"),
+                                    pytest.param(5000, id="past-what-orjson-reads")])
+async def test_a_passthrough_event_nested_past_a_clients_parser_ends_the_stream(upstreams, proxy, sdk, levels):
+    """A provider's own Responses stream is relayed as it is: after its first token, an event nested
+    past what a client's parser reads reached the openai SDK, which raised RecursionError in the
+    application (the chat and Anthropic taps end the stream on it since this session; this tap did not)."""
+    seq = iter(range(10))
+
+    def event(payload: dict[str, Any], tail: bytes = b"") -> bytes:
+        data = orjson.dumps({**payload, "sequence_number": next(seq)})
+        return b"event: " + payload["type"].encode() + b"\ndata: " + data[:-1] + tail + b"}\n\n"
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        delta = {"type": "response.output_text.delta", "item_id": "msg_up", "output_index": 0, "content_index": 0,
+                 "delta": "Hel", "logprobs": []}
+        await response.write(event(delta))
+        await asyncio.sleep(0.05)  # a read of its own: after the commit
+        await response.write(event({**delta, "delta": "lo"}, b',"x":' + b"[" * levels + b"]" * levels))
+        await response.write_eof()
+        return response
+
+    up = await upstreams({"/v1/responses": stream})
+    p = await proxy(route_config([{"provider": "oai", "model": "gpt-5"}],
+                                 {"oai": openai_provider(up.url, responses=True)}))
+    events = [e async for e in await sdk(p.url).responses.create(model="chat", input="hi", stream=True)]
+    assert [(e.type, e.sequence_number) for e in events] == [("response.output_text.delta", 0), ("error", 1)]
     assert "failed after it started" in events[-1].message
