@@ -20,7 +20,9 @@ Strategies (each a route over A, B, C; ``fastest`` and ``hedge`` as the shipped 
 route sets them): ``shipped`` (with its ``hedge``), ``unset`` (the same route saying nothing about
 ``hedge``: the default), ``off`` (``hedge: false``), ``defaults`` (``hedge: {}``: firstbyte's own hedge
 settings), ``measure`` (the shipped hedge with ``after: 600``:
-races to measure, never hedges by time), ``oracle`` (firstbyte pinned to the scheduled best).
+races to measure, never hedges by time), ``oracle`` (firstbyte pinned to the scheduled best), ``floor``
+(``scripts/floor.py --pick``, the smallest aiohttp relay that commits at the first chunk, pinned alike: what
+any Python hop costs here, so ``x oracle`` below 1 is what firstbyte adds over it).
 Each repeat starts every process afresh (a cold start); the table pools repeats and gives their range.
 
     scripts/simulate-pool --direct [--scenarios ...] [--strategies ...] [--repeats 3] [--port-base P] [--tag T]
@@ -52,6 +54,8 @@ from proxy.config import read_yaml
 from proxy.routing.decision import parse_header
 
 DIRECT = "direct"
+FLOOR = "floor"  # scripts/floor.py --pick: the smallest committed aiohttp relay, pinned to the scheduled best
+PINNED = ("oracle", FLOOR)
 GOAL_SHIPPED = 1.05  # x direct, hedging as shipped
 GOAL_UNSET = 1.10  # x direct, a route saying nothing about hedge
 DUP_GOAL = 0.10
@@ -102,7 +106,7 @@ async def client(strategy: str, urls: dict[str, str], concurrency: int, until: f
             sent = time.monotonic()
             best, best_ms = oracle(scenario, {n: sent - starts[n] for n in NAMES}, span)
             headers = {"content-type": "application/json"}
-            if strategy == "oracle":
+            if strategy in PINNED:
                 headers["x-route-provider"] = best
             url = urls[best] if strategy == DIRECT else urls["firstbyte"]
             record: dict[str, Any] = {"t": sent, "oracle": best, "oracle_ms": best_ms, "ok": False}
@@ -112,7 +116,7 @@ async def client(strategy: str, urls: dict[str, str], concurrency: int, until: f
                     record["ttfc_ms"] = (time.monotonic() - sent) * 1000
                     await resp.read()
                     record["ok"] = resp.status == 200 and bool(first)
-                    if strategy == DIRECT:
+                    if strategy in (DIRECT, FLOOR):
                         record["served"], record["extra"] = best, 0
                     else:
                         decision = parse_header(resp.headers["x-route-decision"])
@@ -188,6 +192,11 @@ def commands(args: argparse.Namespace, tmp: Path, name: str, span: float, sim_po
         out[f"sim-{n}"] = (sim_command(scenario[n], sim_ports[n], schedule, i + 1), sim_ports[n])
     providers = {n: {"kind": "openai", "base_url": f"http://127.0.0.1:{p}/v1"} for n, p in sim_ports.items()}
     for s, port in fb_ports.items():
+        if s == FLOOR:
+            picks = [f"--pick={n}=http://127.0.0.1:{p}" for n, p in sim_ports.items()]
+            out[FLOOR] = ([sys.executable, str(ROOT / "scripts" / "floor.py"), "--port", str(port), "--upstream",
+                           "http://127.0.0.1:1", *picks], port)
+            continue
         path = tmp / f"pool-{s}.json"
         path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"},
                                     "providers": providers, "routes": {"pool": configs[s]}}))
@@ -279,7 +288,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="simulate-pool --direct", description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", nargs="+", default=list(ABRUPT_SCENARIOS), choices=list(SCENARIOS))
     p.add_argument("--strategies", nargs="+", default=["shipped", "unset", "oracle"],
-                   choices=["shipped", "unset", "off", "defaults", "measure", "oracle"])
+                   choices=["shipped", "unset", "off", "defaults", "measure", "oracle", FLOOR])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=None, help="load per run (default: the scenario's, 3 s)")
     p.add_argument("--concurrency", type=int, default=None, help="workers per client (default: the scenario's, 4)")

@@ -175,6 +175,34 @@ async def test_the_direct_client_calls_the_scheduled_best_upstream_itself(direct
     assert {n: len(up.calls) for n, up in ups.items()} == {n: sum(c["oracle"] == n for c in done) for n in "ABC"}
 
 
+async def test_the_floor_relays_each_call_to_the_upstream_its_pin_names(direct: ModuleType, upstreams) -> None:
+    """``--strategies floor``: scripts/floor.py ``--pick``, pinned as the oracle is, so what any Python hop costs
+    reads beside firstbyte's; each call reaches the scheduled best, and none other."""
+    from aiohttp import web
+
+    spec = importlib.util.spec_from_file_location("floor", SCRIPTS / "floor.py")
+    assert spec is not None and spec.loader is not None
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    ups = {n: await upstreams({"/v1/chat/completions": ok_handler()}) for n in "ABC"}
+    runner = web.AppRunner(floor.build("http://127.0.0.1:1", picks={n: up.url for n, up in ups.items()}))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        scenario = {"A": {"first_chunk_ms": 30}, "B": {"first_chunk_ms": 20},
+                    "C": {"first_chunk_ms": 40, "steps": [{"at": 0.5, "first_chunk_ms": 10}]}}
+        now = time.monotonic()
+        done = await direct.client(direct.FLOOR, {"firstbyte": f"http://127.0.0.1:{port}/v1/chat/completions"}, 2,
+                                   now + 0.6, dict.fromkeys("ABC", now), scenario, 0.6)
+    finally:
+        await runner.cleanup()
+    assert done and all(c["ok"] and c["extra"] == 0 and c["served"] == c["oracle"] for c in done)
+    assert {c["oracle"] for c in done} == {"B", "C"}
+    assert {n: len(up.calls) for n, up in ups.items()} == {n: sum(c["oracle"] == n for c in done) for n in "ABC"}
+
+
 async def test_a_proxied_client_keeps_each_calls_route_decision_for_dump_calls(direct: ModuleType, proxy) -> None:
     """``--dump-calls`` reads where a strategy lost time from each call's header, so the client keeps it."""
     sim = {"kind": "simulated", "simulate": {"first_chunk_ms": 1, "jitter_ms": 0, "chunk_ms": 0, "chunks": 2}}
