@@ -37,7 +37,7 @@ from .fold import Peers, fold, split
 from .measures import Measures
 from .names import link_name
 from .probes import Probes
-from .wire import decode, dumps, encode, fleet_ids, stream_key
+from .wire import MAX_EVENTS, decode, dumps, encode, fleet_ids, stream_key
 
 __all__ = ["FleetLink"]
 
@@ -50,7 +50,7 @@ HEARTBEAT = 1.0  # one entry this often (wall-clock grid): the in-flight counts 
 URGENT = frozenset({"f", "o", "r"})  # a failure, an opening or a cool-down (and a first measure): at once
 TICK_SLACK = 0.005  # a timer that fires this early is the tick
 READ_GAP = 0.02  # after a read that brought entries, the next waits this long (a tick's entries in one reply)
-BATCH = 512  # events per stream entry at most
+BATCH = MAX_EVENTS  # events per stream entry at most (a reader keeps no more of one)
 OUTBOX = 20_000  # events waiting at most; past it the oldest are dropped (counted)
 STREAM_MAX = 20_000  # entries the stream keeps (approximately): the warm start's memory
 WARM_SECS = 1.5  # a start waits at most this long for Redis before going on alone

@@ -20,9 +20,11 @@ import orjson
 
 from ..config import Config, TargetKey
 
-__all__ = ["claim_key", "decode", "encode", "fleet_ids", "measure_key", "stream_key"]
+__all__ = ["MAX_BATCH_BYTES", "MAX_EVENTS", "claim_key", "decode", "encode", "fleet_ids", "measure_key", "stream_key"]
 
 Wire = list[Any]  # one event as it travels: [kind, fleet id, ...]
+MAX_EVENTS = 512  # events a peer writes in one entry at most (the link's BATCH)
+MAX_BATCH_BYTES = 1_000_000  # and their bytes, generously (512 events are ~50 KB; a heartbeat names each target)
 
 
 def fleet_ids(config: Config) -> dict[TargetKey, str]:
@@ -83,7 +85,14 @@ def decode(payload: str | bytes) -> list[Wire]:
     kept, cut to them: a later release may add a field at the end of an event (a failure's time, say)
     and peers of this version still fold the fields they know during a rolling deploy (they dropped
     the whole event: every failure, had a field been added). Anything else is dropped: a kind this
-    version does not know, an event short of its fields, a batch that is not a list."""
+    version does not know, an event short of its fields, a batch that is not a list.
+
+    A batch is bounded as a peer writes one: past ``MAX_BATCH_BYTES`` it is dropped unread, and only
+    its first ``MAX_EVENTS`` are kept. One entry is folded in one pass (a fold pauses between
+    entries, ``backlog.py``): one of 300,000 events, written by anything that can write the stream,
+    held every instance's loop for 3.6 s."""
+    if len(payload) > MAX_BATCH_BYTES:
+        return []
     try:
         events = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -91,7 +100,7 @@ def decode(payload: str | bytes) -> list[Wire]:
     if not isinstance(events, list):
         return []
     out: list[Wire] = []
-    for e in events:
+    for e in events[:MAX_EVENTS]:
         if isinstance(e, list) and e and isinstance(e[0], str) and (arity := _ARITY.get(e[0], 0)) and len(e) >= arity:
             out.append(e if len(e) == arity else e[:arity])
     return out

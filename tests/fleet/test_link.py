@@ -617,6 +617,36 @@ async def test_a_peers_failures_are_dated_by_their_stream_entry(redis_server, up
     assert target.breaker.failures == 2
 
 
+async def test_one_entry_of_a_hundred_thousand_events_does_not_hold_the_loop(redis_server, upstreams, proxy) -> None:
+    """A peer writes at most BATCH events an entry, but anything that can write the stream can write
+    more, and one entry is folded in one pass: 100,000 samples (7 MB) held /healthz 1.2 s. The reader
+    drops an entry past a megabyte unread, and keeps another's first BATCH events."""
+    up = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(redis_server, fleet, {"up": up.url})
+    (fid,) = fleet_ids(make_config(raw, ENV)).values()
+    (p,) = await fleet_of(1, proxy, raw)
+    before = p.gateway.fleet.events_in
+    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    answered: list[float] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            for n in (100_000, 12_000):  # 7 MB: dropped unread; 0.85 MB: its first BATCH kept
+                events = orjson.dumps([["s", fid, "buffered", 0.2, time.time()] for _ in range(n)])
+                await client.xadd(stream_key(fleet), {"i": "peer", "e": events})
+            start = time.monotonic()
+            while time.monotonic() - start < 1.5:
+                began = time.monotonic()
+                async with session.get(p.url + "/healthz") as resp:
+                    assert resp.status == 200
+                answered.append(time.monotonic() - began)
+                await asyncio.sleep(0.005)
+    finally:
+        await client.aclose()
+    assert p.gateway.fleet.events_in - before == BATCH
+    assert max(answered) < 0.3, sorted(answered)[-3:]
+
+
 async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_the_tick(redis_server, upstreams,
                                                                                         proxy) -> None:
     """A cold fleet's first sample of a target goes at once; the next ones are routine. The link read

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.fleet.wire import decode, dumps, encode, fleet_ids
+from proxy.fleet.wire import MAX_BATCH_BYTES, MAX_EVENTS, decode, dumps, encode, fleet_ids
 
 from ..conftest import make_config
 
@@ -72,3 +72,18 @@ def test_an_event_longer_than_this_version_knows_keeps_its_known_fields(event: l
     """A rolling deploy: a later release may add a field at an event's end (a failure's time); peers of
     this version fold what they know of it, where they dropped the whole event (strict arity)."""
     assert decode(dumps([event, ["r", "x", 5.0]])) == ([] if kept is None else [kept]) + [["r", "x", 5.0]]
+
+
+R = ["r", "https://api.example/v1|m", 5.0]
+
+
+@pytest.mark.parametrize(("events", "kept"), [
+    pytest.param([R] * MAX_EVENTS, MAX_EVENTS, id="a-peers-fullest-entry-whole"),
+    pytest.param([R] * 20_000, MAX_EVENTS, id="more-events-than-a-peer-writes-cut"),
+    pytest.param([R] * 300_000, 0, id="an-entry-past-the-byte-bound-dropped-unread"),
+    pytest.param([["r", "x" * (MAX_BATCH_BYTES // 4), 5.0]] * 5, 0, id="more-bytes-than-a-peer-writes-dropped"),
+])
+def test_an_entry_is_bounded_as_a_peer_writes_one(events: list[Any], kept: int) -> None:
+    """One entry is folded in one pass: one of 300,000 events (anything that can write the stream can
+    write it) held every instance's loop for 3.6 s."""
+    assert len(decode(dumps(events))) == kept
