@@ -63,6 +63,19 @@ async def until(predicate: Any) -> None:
     raise AssertionError("condition never held")
 
 
+async def settled(p: Proxy) -> None:
+    """No call of the gateway's still in flight: a learner racing beside the answer (a measure, an explore)
+    runs on after it, and its outcome lands when it lands (a loaded full run read it between an explain
+    and the request it spoke for)."""
+    for _ in range(400):
+        status, body = await p.get("/v1/health")
+        assert status == 200
+        if not any(t["in_flight"] for t in body["targets"]):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("calls still in flight after 2 s")
+
+
 async def test_breaker_opens_skips_probes_after_cooldown_and_closes(upstreams, proxy):
     clock = Clock()
     ups, p = await pool(upstreams, proxy, {"a": status_handler(503), "b": ok_handler("from-b")}, clock)
@@ -397,11 +410,13 @@ async def test_explain_is_what_the_next_request_gets(upstreams, proxy, strategy,
     _, p = await pool(upstreams, proxy, handlers, clock, strategy=strategy, targets=targets, deny=["d"], **route)
     for _ in range(3):  # measure everyone, open c's breaker
         await p.post(PATH, CHAT)
+        await settled(p)
     compared = 0
     for _ in range(8):
         status, explained = await p.get("/v1/routes/chat/explain?mode=buffered")  # CHAT is buffered
         assert status == 200
         _, headers, _ = await p.post(PATH, CHAT)
+        await settled(p)  # a racer measuring c answers its 503 after the answer: before the next explain
         clock.advance(1)
         if decision_of(headers).first_reason == "explore":
             continue  # explain speaks for the requests that do not explore

@@ -647,6 +647,17 @@ async def test_one_entry_of_a_hundred_thousand_events_does_not_hold_the_loop(red
     assert max(answered) < 0.3, sorted(answered)[-3:]
 
 
+async def cold_fastest_member(server, upstreams, proxy, handler) -> tuple[Proxy, aioredis.Redis, str]:
+    """A fleet of one on a fresh fleet name, its route ``fastest`` over one upstream answering with
+    ``handler``, and a client of its Redis (the caller closes it)."""
+    up = await upstreams({PATH: handler})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(server, fleet, {"up": up.url})
+    raw["routes"]["chat"]["strategy"] = "fastest"
+    (p,) = await fleet_of(1, proxy, raw)
+    return p, aioredis.Redis.from_url(server.url, password=PASSWORD), fleet
+
+
 async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_the_tick(redis_server, upstreams,
                                                                                         proxy) -> None:
     """A cold fleet's first sample of a target goes at once; the next ones are routine. The link read
@@ -654,12 +665,7 @@ async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_th
     still (an idle fleet before its first request), so every call of a cold start's first half
     second wrote its own entry and woke every reader (scripts/fleet_pool.py cold-start: 0.16 XADD per
     call, against 0.006 under steady load)."""
-    up = await upstreams({PATH: ok})
-    fleet = f"t-{uuid.uuid4().hex[:8]}"
-    raw = fleet_config(redis_server, fleet, {"up": up.url})
-    raw["routes"]["chat"]["strategy"] = "fastest"
-    (p,) = await fleet_of(1, proxy, raw)
-    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    p, client, fleet = await cold_fastest_member(redis_server, upstreams, proxy, ok)
     try:
         await asyncio.sleep(1.5 * measures.QUIET_SECS)  # idle: the claims' tick is the quiet one
         newest = await client.xrevrange(stream_key(fleet), count=1)
@@ -705,12 +711,7 @@ async def test_a_mode_nobody_asked_for_keeps_the_quiet_pace_in_the_cold_start(ow
     claims read every 50 ms: a fleet asked only for streams read the buffered claims 20 times a second
     for a second after each change (scripts/fleet_pool.py cold-start and leader-fails: 0.10-0.14 MGET
     per call), where the quiet pace is 2 a second; a request of that mode wakes the reads at once."""
-    up = await upstreams({PATH: either})
-    fleet = f"t-{uuid.uuid4().hex[:8]}"
-    raw = fleet_config(own_redis, fleet, {"up": up.url})
-    raw["routes"]["chat"]["strategy"] = "fastest"
-    (p,) = await fleet_of(1, proxy, raw)
-    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    p, client, fleet = await cold_fastest_member(own_redis, upstreams, proxy, either)
     try:
         await asyncio.sleep(1.5 * measures.QUIET_SECS)  # idle: the claims stood still
         async with aiohttp.ClientSession() as session:
