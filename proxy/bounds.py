@@ -7,6 +7,8 @@ keys (``max_body_bytes``, ``connections``); these are the fixed ones.
 
 from __future__ import annotations
 
+import re
+from itertools import accumulate
 from typing import Any
 
 __all__ = [
@@ -34,6 +36,10 @@ YIELD_EVERY = 1024 * 1024
 # two parsed and then failed to go upstream (a 500); real requests (tool schemas included) stay
 # far below this.
 MAX_JSON_DEPTH = 128
+# Brackets in a request body past which its depth is read from the bytes (``json_deeper_than``) rather
+# than by walking the parsed value: the walk costs ~2 us a container in Python, so 1.3M empty arrays
+# (a 3.9 MB body under the default limit) held the loop 3 s; the bytes take a tenth of that.
+WALK_UP_TO = 20_000
 
 # An upstream stream event's JSON nesting. orjson reads 1,024 levels, a client's parser fewer (Python's
 # json raised RecursionError near 1,000 less the caller's own stack: the openai SDK in the application);
@@ -65,3 +71,16 @@ def deeper_than(value: Any, limit: int) -> bool:
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
     return False
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+_STEP = tuple(1 if c in b"[{" else -1 if c in b"]}" else 0 for c in range(256))
+
+
+def json_deeper_than(raw: bytes, limit: int) -> bool:
+    """``deeper_than`` read from valid JSON's bytes (a body orjson parsed already): strings removed, the
+    brackets left are the structure, and its depth is their running sum. Each step runs in C, so its cost
+    follows the body's bytes, not its containers."""
+    structure = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, structure)), default=0) > limit

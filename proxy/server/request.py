@@ -8,7 +8,7 @@ import re
 import orjson
 from aiohttp import web
 
-from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, YIELD_EVERY, deeper_than
+from ..bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS, WALK_UP_TO, YIELD_EVERY, deeper_than, json_deeper_than
 from ..errors import ClientError
 from ..memory import trim
 from ..providers.base import Call
@@ -93,7 +93,9 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
         ) from None
     if not isinstance(body, dict):
         raise ClientError(400, "Request body must be a JSON object.", code="invalid_json")
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and deeper_than(body, MAX_JSON_DEPTH):
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets > MAX_JSON_DEPTH and (json_deeper_than(raw, MAX_JSON_DEPTH) if brackets > WALK_UP_TO
+                                      else deeper_than(body, MAX_JSON_DEPTH)):
         raise ClientError(400, f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels.",
                           code="invalid_json")
     model = body.get("model")

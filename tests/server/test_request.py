@@ -9,6 +9,7 @@ import zlib
 import orjson
 import pytest
 
+from proxy.bounds import MAX_JSON_DEPTH, WALK_UP_TO, deeper_than, json_deeper_than
 from proxy.routing.decision import parse_header
 
 from ..conftest import assert_openai_error, exchange, ok_handler, openai_provider, post_head, route_config
@@ -72,6 +73,45 @@ async def test_json_nested_hundreds_deep_is_a_400_not_a_500(gateway):
     err = assert_openai_error(status, body, 400, "invalid_json")
     assert "128" in str(err["message"])
     assert up.calls == []
+
+
+WIDE = b",".join([b"[]"] * 25_000)  # past WALK_UP_TO brackets: the depth is read from the bytes
+
+
+@pytest.mark.parametrize(
+    ("raw", "limit"),
+    [
+        pytest.param(b'{"a": "[[[[[[", "b": [1]}', 2, id="brackets-in-a-string-are-not-structure"),
+        pytest.param(b'{"a": "\\"[[[[\\"", "b": [[1]]}', 2, id="an-escaped-quote-stays-in-its-string"),
+        pytest.param(b'{"a": "\\\\", "b": [[[1]]]}', 3, id="an-escaped-backslash-ends-before-the-quote"),
+        pytest.param(b'{"a": "\\\\", "b": [[[[1]]]]}', 3, id="deeper-after-an-escaped-backslash"),
+        pytest.param(b'[' * 130 + b']' * 130, MAX_JSON_DEPTH, id="a-chain-past-the-limit"),
+        pytest.param(b'{"x": [' + WIDE + b'], "y": ' + b'[' * 128 + b']' * 128 + b'}', MAX_JSON_DEPTH,
+                     id="wide-then-at-the-limit"),
+        pytest.param(b'{"x": [' + WIDE + b'], "y": ' + b'{"k":' * 129 + b'1' + b'}' * 129 + b'}', MAX_JSON_DEPTH,
+                     id="wide-then-objects-past-it"),
+        pytest.param(orjson.dumps({"s": "caf\u00e9 {[", "t": [{"u": ["]"]}]}), 3, id="unicode-and-closing-in-strings"),
+    ],
+)
+def test_the_bytes_read_the_depth_the_walk_reads(raw, limit):
+    assert json_deeper_than(raw, limit) == deeper_than(orjson.loads(raw), limit)
+
+
+@pytest.mark.parametrize(("tail", "status"), [
+    pytest.param(b'[' * 127 + b']' * 127, 400, id="deep"),  # under the body and its metadata: 129 levels
+    pytest.param(b'[' * 126 + b']' * 126, 200, id="at-the-limit"),
+])
+async def test_a_body_of_many_brackets_is_read_for_depth_by_its_bytes(gateway, tail, status):
+    """1.3M empty arrays (3.9 MB) held the loop 3 s while the walk visited each; past WALK_UP_TO brackets
+    the depth is read from the bytes (0.3 s on that body): still refused when deep, served when not."""
+    up, p = gateway
+    raw = orjson.dumps(CHAT)[:-1] + b', "metadata": {"wide": [' + WIDE + b'], "tail": ' + tail + b'}}'
+    assert raw.count(b"[") > WALK_UP_TO
+    got, _, body = await p.post("/v1/chat/completions", raw)
+    if status == 400:
+        assert "128" in str(assert_openai_error(got, body, 400, "invalid_json")["message"])
+    else:
+        assert got == 200, body
 
 
 async def test_a_request_with_many_brackets_but_shallow_passes(gateway):
