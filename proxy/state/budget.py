@@ -102,9 +102,9 @@ class HedgeBudget:
         """A learner ``key`` starts, paid as the plan said: ``FREE``, ``PAID`` or ``BORROWED``."""
         if pays == FREE:
             self.claim_free(key, now)
-        elif pays == BORROWED:
+        elif pays == BORROWED:  # ``lends`` said the cap allows it
             self.lent.add(key)
-            self.owed += 1.0
+            self.borrow()
         else:
             self.spend()
 
