@@ -79,6 +79,19 @@ async def fleet_of(n: int, proxy: Any, raw: dict[str, Any]) -> list[Proxy]:
     return ps
 
 
+async def fleet_member(server, upstreams, proxy, handler, strategy: str | None = None
+                       ) -> tuple[Proxy, aioredis.Redis, str]:
+    """A fleet of one on a fresh fleet name, its route over one upstream answering with ``handler``
+    (``strategy`` if given), and a client of its Redis (the caller closes it)."""
+    up = await upstreams({PATH: handler})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    raw = fleet_config(server, fleet, {"up": up.url})
+    if strategy is not None:
+        raw["routes"]["chat"]["strategy"] = strategy
+    (p,) = await fleet_of(1, proxy, raw)
+    return p, aioredis.Redis.from_url(server.url, password=PASSWORD), fleet
+
+
 async def post(session: aiohttp.ClientSession, p: Proxy) -> int:
     async with session.post(p.url + PATH, json=CHAT) as resp:
         await resp.read()
@@ -218,10 +231,7 @@ URGENT_WITHIN = 0.025  # an urgent event is sent within this long, whatever the 
 
 async def test_calls_share_entries_and_in_flight_counts_go_on_the_heartbeat(redis_server, upstreams,
                                                                             proxy) -> None:
-    up = await upstreams({"/v1/chat/completions": ok})
-    fleet = f"t-{uuid.uuid4().hex[:8]}"
-    (p,) = await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"up": up.url}))
-    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    p, client, fleet = await fleet_member(redis_server, upstreams, proxy, ok)
     try:
         await asyncio.sleep(HEARTBEAT)  # the join's beat, told at once off the grid, is in
         first = (await client.xrevrange(stream_key(fleet), count=1) or [(b"0-0", {})])[0][0]
@@ -371,10 +381,7 @@ async def stream_commands(client: aioredis.Redis) -> dict[str, int]:
 
 
 async def test_calls_at_concurrency_one_cost_redis_per_second_not_per_call(own_redis, upstreams, proxy) -> None:
-    up = await upstreams({"/v1/chat/completions": delayed})
-    fleet = f"t-{uuid.uuid4().hex[:8]}"
-    (p,) = await fleet_of(1, proxy, fleet_config(own_redis, fleet, {"up": up.url}))
-    client = aioredis.Redis.from_url(own_redis.url, password=PASSWORD)
+    p, client, fleet = await fleet_member(own_redis, upstreams, proxy, delayed)
     try:
         async with aiohttp.ClientSession() as session:
             assert await post(session, p) == 200  # its first measure goes at once
@@ -401,10 +408,7 @@ async def test_calls_at_concurrency_one_cost_redis_per_second_not_per_call(own_r
 async def test_a_stop_sends_what_waits_for_the_tick(redis_server, upstreams, proxy) -> None:
     """A deploy stops an instance between ticks: its last samples still reach the stream (the fleet's,
     and its next life's warm start), not lost with the process."""
-    up = await upstreams({"/v1/chat/completions": ok})
-    fleet = f"t-{uuid.uuid4().hex[:8]}"
-    (p,) = await fleet_of(1, proxy, fleet_config(redis_server, fleet, {"up": up.url}))
-    client = aioredis.Redis.from_url(redis_server.url, password=PASSWORD)
+    p, client, fleet = await fleet_member(redis_server, upstreams, proxy, ok)
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(4):  # the first measure goes at once, the other three wait for the tick
@@ -647,17 +651,6 @@ async def test_one_entry_of_a_hundred_thousand_events_does_not_hold_the_loop(red
     assert max(answered) < 0.3, sorted(answered)[-3:]
 
 
-async def cold_fastest_member(server, upstreams, proxy, handler) -> tuple[Proxy, aioredis.Redis, str]:
-    """A fleet of one on a fresh fleet name, its route ``fastest`` over one upstream answering with
-    ``handler``, and a client of its Redis (the caller closes it)."""
-    up = await upstreams({PATH: handler})
-    fleet = f"t-{uuid.uuid4().hex[:8]}"
-    raw = fleet_config(server, fleet, {"up": up.url})
-    raw["routes"]["chat"]["strategy"] = "fastest"
-    (p,) = await fleet_of(1, proxy, raw)
-    return p, aioredis.Redis.from_url(server.url, password=PASSWORD), fleet
-
-
 async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_the_tick(redis_server, upstreams,
                                                                                         proxy) -> None:
     """A cold fleet's first sample of a target goes at once; the next ones are routine. The link read
@@ -665,7 +658,7 @@ async def test_a_first_measure_goes_at_once_and_the_samples_after_it_wait_for_th
     still (an idle fleet before its first request), so every call of a cold start's first half
     second wrote its own entry and woke every reader (scripts/fleet_pool.py cold-start: 0.16 XADD per
     call, against 0.006 under steady load)."""
-    p, client, fleet = await cold_fastest_member(redis_server, upstreams, proxy, ok)
+    p, client, fleet = await fleet_member(redis_server, upstreams, proxy, ok, "fastest")
     try:
         await asyncio.sleep(1.5 * measures.QUIET_SECS)  # idle: the claims' tick is the quiet one
         newest = await client.xrevrange(stream_key(fleet), count=1)
@@ -711,7 +704,7 @@ async def test_a_mode_nobody_asked_for_keeps_the_quiet_pace_in_the_cold_start(ow
     claims read every 50 ms: a fleet asked only for streams read the buffered claims 20 times a second
     for a second after each change (scripts/fleet_pool.py cold-start and leader-fails: 0.10-0.14 MGET
     per call), where the quiet pace is 2 a second; a request of that mode wakes the reads at once."""
-    p, client, fleet = await cold_fastest_member(own_redis, upstreams, proxy, either)
+    p, client, fleet = await fleet_member(own_redis, upstreams, proxy, either, "fastest")
     try:
         await asyncio.sleep(1.5 * measures.QUIET_SECS)  # idle: the claims stood still
         async with aiohttp.ClientSession() as session:
