@@ -82,6 +82,7 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
                 await response.write(data)
                 if meter.first_sent is None:  # inline, not _sent(): a call a read (~700 instructions)
                     meter.first_sent = clock()
+                    lease.committed()  # the state hears the first token now, off the client's path
                 meter.sent += len(data)
             if ended:
                 break
@@ -104,6 +105,7 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
         elif last:
             _sent(meter, len(last), clock)
         await response.write_eof(last)
+        lease.committed()  # when the opening was the whole answer (or nothing): told before the drain
         if failure is None and not ended:
             handed_off = True
             lease.finish_after_end()  # the upstream's own end is read off the client's path

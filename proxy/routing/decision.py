@@ -119,6 +119,7 @@ class Decision:
     cost_usd: float | None = None
     race: tuple[Racer, ...] = ()
     _header: str | None = field(default=None, compare=False, repr=False)
+    _planned: str | None = field(default=None, compare=False, repr=False)  # see planned_fields
 
     @property
     def first_reason(self) -> str:
@@ -161,6 +162,18 @@ class Decision:
             object.__setattr__(self, "_header", header_with(self, self.attempts, self.served, self.race))
         return self._header  # type: ignore[return-value]
 
+    def planned_fields(self) -> str:
+        """The header's fields the plan fixed (``id`` to ``excluded``), formatted once: a stream's
+        header is finished at its first token, and the server has this part formatted while the
+        upstream thinks (``server/app.py``), so the first token does not wait for it."""
+        if self._planned is None:
+            text = (f"id={self.id}; route={self.route}; strategy={self.strategy}; order="
+                    + format_order(self.order))
+            if self.excluded:
+                text += "; excluded=" + format_excluded(self.excluded)
+            object.__setattr__(self, "_planned", text)
+        return self._planned  # type: ignore[return-value]
+
     def but(self, **changes: Any) -> Decision:
         """A copy with some fields changed: ``dataclasses.replace`` without its per-call introspection."""
         if "_header" not in changes and not _HEADER_FIELDS.isdisjoint(changes):
@@ -169,7 +182,8 @@ class Decision:
         return Decision(get("id", self.id), get("route", self.route), get("strategy", self.strategy),
                         get("order", self.order), get("excluded", self.excluded), get("attempts", self.attempts),
                         get("served", self.served), get("status", self.status), get("usage", self.usage),
-                        get("cost_usd", self.cost_usd), get("race", self.race), get("_header", self._header))
+                        get("cost_usd", self.cost_usd), get("race", self.race), get("_header", self._header),
+                        None if not _PLANNED_FIELDS.isdisjoint(changes) else self._planned)
 
 
 def duplicate_calls(race: Sequence[tuple[str, str]]) -> int:
@@ -181,6 +195,7 @@ def duplicate_calls(race: Sequence[tuple[str, str]]) -> int:
 
 
 _HEADER_FIELDS = frozenset({"id", "route", "strategy", "order", "excluded", "attempts", "served", "race"})
+_PLANNED_FIELDS = frozenset({"id", "route", "strategy", "order", "excluded"})
 
 
 def _detail(r: Ranked) -> str:
@@ -223,10 +238,7 @@ def header_with(decision: Decision, attempts: tuple[Attempt, ...], served: str |
                 race: tuple[Racer, ...] = ()) -> str:
     """The header of ``decision`` once it has these attempts and this served target, without
     building that record yet (a stream's is built when its usage is known, at the end)."""
-    text = (f"id={decision.id}; route={decision.route}; strategy={decision.strategy}; order="
-            + format_order(decision.order))
-    if decision.excluded:
-        text += "; excluded=" + format_excluded(decision.excluded)
+    text = decision.planned_fields()
     if attempts:
         text += "; attempts=" + format_attempts(attempts)
     if race:

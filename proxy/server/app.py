@@ -138,6 +138,9 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     decision = ex.decision = planned.decision  # what is logged if the client leaves during the walk
     if not planned.targets:
         return _nothing_eligible(ex, decision, planned.unservable)
+    # Runs when this task first waits (once the upstream has the request), so the header's planned
+    # part is formatted while the upstream thinks, not after its first token.
+    asyncio.get_running_loop().call_soon(decision.planned_fields)
 
     assert gw.walker is not None
     walked = await walk_route(gw.walker, config.providers, planned, call, ex.left)
@@ -152,7 +155,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     ex.settling = walked.settling
     header = header_with(decision, attempts, served, race)
     ex.status = walked.status
-    headers = forward_headers(walked.headers, {HEADER: header, "x-request-id": decision.id}, gw.scrubber)
+    headers = {**walked.headers, HEADER: header, "x-request-id": decision.id}  # sorted at the upstream's head
     try:
         return await relay_stream(request, lease, walked.status, headers, gw.clock, ex, gw.scrubber)
     finally:  # even when the client left early

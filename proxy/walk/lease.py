@@ -16,6 +16,7 @@ from typing import Any
 from ..config import Cooldown, Target
 from ..providers.base import StreamTranslator
 from ..sockets import reset
+from ..state.tracker import STREAMED
 from ..upstream.transport import UPSTREAM_ERRORS, Upstream
 from .deadlines import Deadlines, Expired
 from .slot import Slot
@@ -66,6 +67,19 @@ class Lease:
     tail: bool = False  # the client has the whole answer; only the upstream's end is being read
     stalled: str | None = None  # the deadline came while the client was not reading: its doing
     broken: Exception | None = None  # how translating ``first`` failed: the relay tells it after ``first``
+    sample: tuple[float, float] | None = None  # (time to first token, when): told the state by ``committed``
+
+    def committed(self) -> None:
+        """The client has the opening (or never will): the state hears this stream's first token now.
+
+        Measured at the commit (``Walker._settle``), told after the relay's first write: the tracker's
+        sample, the breaker's success and the fleet's event are work the client's first token need
+        not wait for. Told once, and always before a failure after commit (``finish``), as before."""
+        sample = self.sample
+        if sample is not None:
+            self.sample = None
+            slot = self.slot
+            slot.state.first_token(slot.ts, sample[0], sample[1], STREAMED, slot.load)
 
     def expire(self, reason: str) -> None:
         """Past its idle or total deadline: wake the relay's pending read with the reason.
@@ -108,6 +122,7 @@ class Lease:
         if self.finished:
             return
         self.finished = True
+        self.committed()
         self.deadlines.calls.discard(self)
         self.slot.release()
         if failure is not None and self.expired != DRAINING:

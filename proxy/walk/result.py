@@ -46,7 +46,7 @@ class Settling:
 class Committed:
     lease: Lease
     status: int
-    headers: Mapping[str, str]
+    headers: Mapping[str, str]  # the upstream's a client may see (``egress.forward_headers``), sorted at its head
     served: str
     attempts: tuple[Attempt, ...]
     race: tuple[Racer, ...] = ()

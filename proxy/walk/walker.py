@@ -20,14 +20,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import Provider, Route, Target
+from ..egress import forward_headers
 from ..errors import error_body
 from ..providers import Adapter, Call, adapter_for
-from ..providers.base import UpstreamRequest
+from ..providers.base import StreamTranslator, UpstreamRequest
 from ..routing.decision import Attempt
 from ..scrub import Scrubber
 from ..state import State, TargetState
 from ..state.breaker import PROBE, WAIT
-from ..state.tracker import BUFFERED, STREAMED
+from ..state.tracker import BUFFERED
 from ..translate.chat_to_anthropic import TranslationError
 from ..translate.first_token import Ended, FirstToken, UpstreamError, error_in_body, scrubbed
 from ..upstream.transport import Transport, Upstream
@@ -36,7 +37,7 @@ from .classify import BUSY, Outcome, classify_ended, classify_error, classify_ex
 from .deadlines import Countdown, Deadlines
 from .lease import Background, Lease
 from .limiter import Limiters
-from .result import JSON_HEADERS, Trail, Walked
+from .result import JSON_HEADERS, NO_HEADERS, Trail, Walked
 from .slot import Slot
 
 __all__ = ["Walker"]
@@ -198,6 +199,7 @@ class Walker:
         watched = self.deadlines.calls  # the sweeper looks at this set; an attempt is in it until settled
         watched.add(waiting)
         ended: Outcome | Lease | None
+        ready: tuple[StreamTranslator, dict[str, str]] | None = None
         try:
             try:
                 try:
@@ -208,6 +210,10 @@ class Walker:
                         first, failure = await upstream.read(MAX_ERROR_BODY), None
                     elif call.stream:
                         gate = aim.adapter.first_token(call)
+                        # Built while the upstream thinks, not after its first token: the translator
+                        # and the upstream's headers a client may see (egress.py), for the commit.
+                        ready = (aim.adapter.stream_translator(call, aim.target),
+                                 forward_headers(upstream.headers, NO_HEADERS, self.scrubber))
                         first = await upstream.chunk()  # most often it holds the first token
                         if not (gate.feed(first) if first else gate.end()):
                             await _first_token(upstream, gate)
@@ -230,7 +236,7 @@ class Walker:
             except Exception as exc:
                 ended = self._raised(trail, aim, slot, exc, started)
             else:
-                ended = self._settle(trail, aim, slot, first, failure, started)
+                ended = self._settle(trail, aim, slot, first, failure, started, ready)
         except BaseException:
             slot.release()
             raise
@@ -258,11 +264,13 @@ class Walker:
         slot.heard = outcome.counts
         return outcome
 
-    def _settle(self, trail: Trail, aim: _Aim, slot: Slot, first: bytes,
-                failure: UpstreamError | Ended | None, started: float) -> Outcome | Lease | None:
+    def _settle(self, trail: Trail, aim: _Aim, slot: Slot, first: bytes, failure: UpstreamError | Ended | None,
+                started: float, ready: tuple[StreamTranslator, dict[str, str]] | None = None
+                ) -> Outcome | Lease | None:
         """Classify what came back and feed the state: a commit (a Lease for a stream, None for a
         buffered answer), a client error returned as it is (None), or a failure to move on from.
-        Every upstream failure passes the scrubber here first."""
+        Every upstream failure passes the scrubber here first. ``ready``: a 2xx stream's translator
+        and client headers, built at its head."""
         now = self.clock()
         upstream = slot.upstream
         assert upstream is not None
@@ -280,7 +288,8 @@ class Walker:
         # Not the answer it claims (answer.py): a failure, counted, not the success its status says.
         answer: bytes | tuple[bytes, Exception | None] | Outcome
         if call.stream:
-            translator = aim.adapter.stream_translator(call, target)
+            assert ready is not None
+            translator, client_headers = ready
             answer = stream_opening(translator, first, self.scrubber)
         else:
             answer = buffered_answer(aim.adapter, call, target, first)
@@ -288,17 +297,18 @@ class Walker:
             self._failed(trail, aim, slot.ts, answer, started)
             return answer
         ttfc = now - started
-        self.state.first_token(slot.ts, ttfc, now, STREAMED if call.stream else BUFFERED, slot.load)
         attempt = Attempt(target.name, str(status), ttfc, False, ttfc)
         if isinstance(answer, bytes):
+            self.state.first_token(slot.ts, ttfc, now, BUFFERED, slot.load)
             trail.answered(attempt, status, upstream.headers, answer)
             return None
         t = aim.provider.timeouts
         opening, broken = answer
+        # The state hears the sample once the client has the opening (Lease.committed): off its path.
         lease = Lease(target, upstream, opening, translator, slot, started, t.idle, t.total, self.clock,
-                      self.deadlines, self.background, aim.route.cooldown, broken=broken)
+                      self.deadlines, self.background, aim.route.cooldown, broken=broken, sample=(ttfc, now))
         self.deadlines.calls.add(lease)  # the stream's idle and total deadlines, swept from here on
-        trail.answered(attempt, status, upstream.headers, lease=lease)
+        trail.answered(attempt, status, client_headers, lease=lease)
         return lease
 
     def _refused(self, trail: Trail, aim: _Aim, slot: Slot, body: bytes, started: float,

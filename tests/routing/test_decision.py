@@ -226,3 +226,29 @@ def test_but_copies_every_field() -> None:
     assert full.but() == full
     assert full.but(status=503) == Decision(*[503 if f == "status" else getattr(full, f)
                                               for f in full.__dataclass_fields__ if f != "_header"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "header"),
+    [
+        pytest.param({"status": 200, "attempts": (Attempt("a", "200", 0.02),), "served": "a"},
+                     "id=a1; route=chat; strategy=fastest; order=a(fastest 0.10s); excluded=x(deny); "
+                     "attempts=a(200 0.02s); served=a", id="a-later-field-keeps-the-planned-text"),
+        pytest.param({"order": (Ranked("b", "written"),)},
+                     "id=a1; route=chat; strategy=fastest; order=b(written); excluded=x(deny)", id="order"),
+        pytest.param({"excluded": ()}, "id=a1; route=chat; strategy=fastest; order=a(fastest 0.10s)", id="excluded"),
+        pytest.param({"id": "b2", "route": "r", "strategy": "ordered"},
+                     "id=b2; route=r; strategy=ordered; order=a(fastest 0.10s); excluded=x(deny)",
+                     id="id-route-strategy"),
+    ],
+)
+def test_the_planned_fields_are_formatted_once_and_follow_a_copy_that_changes_them(
+        changes: dict[str, object], header: str) -> None:
+    """The server formats the plan's part of the header while the upstream thinks (``planned_fields``);
+    a copy keeps that text only while the fields it is made of are the same."""
+    planned = Decision("a1", "chat", "fastest", (Ranked("a", "fastest", 0.1),), (Excluded("x", "deny"),))
+    text = planned.planned_fields()
+    assert planned.planned_fields() is text  # formatted once
+    copy = planned.but(**changes)
+    assert copy.header() == header
+    assert (copy.planned_fields() is text) == ("attempts" in changes)

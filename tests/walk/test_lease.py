@@ -54,3 +54,26 @@ async def test_an_upstream_already_at_its_end_lets_go_at_once() -> None:
     lease, ts, limiter, _ = await leased()
     lease.finish_after_end()
     assert lease.finished and ts.in_flight == 0 and limiter.active == 0
+
+
+async def test_the_state_hears_the_first_token_once_after_the_clients_first_write() -> None:
+    """The sample the walker measured at the commit is told when the relay has written the opening
+    (``committed``), once, off the client's path; the walker no longer tells it at the commit."""
+    lease, ts, _, _ = await leased()
+    lease.sample = (0.25, 4.0)
+    state = lease.slot.state
+    assert state.tracker.samples(ts.key) == 0 and list(ts.history) == []  # not yet: the client waits on nothing
+    lease.committed()
+    lease.committed()
+    lease.finish()
+    assert state.tracker.samples(ts.key) == 1 and list(ts.history) == [True]
+
+
+async def test_a_stream_that_breaks_before_its_first_write_tells_its_first_token_before_the_failure() -> None:
+    """A broken opening (or a client gone before the first write) finishes the lease without a write:
+    the success is told first, then the failure, in the order the walker used to tell them."""
+    lease, ts, _, _ = await leased()
+    lease.sample = (0.25, 4.0)
+    lease.finish("stream cut")
+    assert lease.slot.state.tracker.samples(ts.key) == 1
+    assert list(ts.history) == [True, False] and ts.breaker.failures == 1
