@@ -52,6 +52,7 @@ REPLAY_WINDOW = 0.25  # a keep-alive crossing shows within a round trip; later, 
 HAPPY_EYEBALLS = 0.25  # the next address is tried this long after the previous (aiohttp's default)
 READ_BUFSIZE = 2**16
 ENDPOINTS_MAX = 1024  # parsed URLs kept; a config names a handful
+HEADS_MAX = 1024  # request heads kept (less their length): one per target and operation, unless traced
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _FORBIDDEN = frozenset("\r\n\0")
 
@@ -114,6 +115,12 @@ def _endpoint(url: str) -> Endpoint:
 def request_head(method: str, endpoint: Endpoint, headers: Mapping[str, str], length: int) -> bytes:
     """The request's status line and headers. A value that could end a header early (CR, LF,
     NUL: a key read from a file with its newline) is refused, as aiohttp refuses it."""
+    return head_start(method, endpoint, headers) + b"Content-Length: %d\r\n\r\n" % length
+
+
+def head_start(method: str, endpoint: Endpoint, headers: Mapping[str, str]) -> bytes:
+    """``request_head`` up to its ``Content-Length``: the same for every call of a target and
+    operation (untraced), so the pool keeps it (``Pool.head``)."""
     lines = [method, endpoint.head]
     accept = encoding = True
     for name, value in headers.items():
@@ -129,7 +136,6 @@ def request_head(method: str, endpoint: Endpoint, headers: Mapping[str, str], le
         lines.append("Accept: */*\r\n")
     if encoding:
         lines.append("Accept-Encoding: gzip, deflate\r\n")
-    lines.append(f"Content-Length: {length}\r\n\r\n")
     # surrogateescape: a header byte the server could not decode as UTF-8 goes on as that byte
     return "".join(lines).encode("utf-8", "surrogateescape")
 
@@ -155,6 +161,7 @@ class Pool:
         self._strays: dict[Origin, float] = {}  # origin -> until when its connections are not kept
         self._idle: dict[Origin, deque[tuple[Connection, float]]] = {}
         self._endpoints: dict[str, Endpoint] = {}
+        self._heads: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
         self._closed = False
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -177,12 +184,23 @@ class Pool:
             endpoint = self._endpoints[url] = _endpoint(url)
         return endpoint
 
+    def head(self, method: str, url: str, headers: Mapping[str, str], length: int) -> tuple[Endpoint, bytes]:
+        """The endpoint and the request's head (``request_head``), its start built once per method,
+        URL and headers: checking and encoding each header measured ~6 us a call, before the write."""
+        endpoint = self.endpoint(url)
+        key = (method, url, tuple(headers.items()))
+        start = self._heads.get(key)
+        if start is None:
+            if len(self._heads) >= HEADS_MAX:
+                self._heads.clear()
+            start = self._heads[key] = head_start(method, endpoint, headers)
+        return endpoint, start + b"Content-Length: %d\r\n\r\n" % length
+
     async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes,
                       connect_timeout: float | None) -> Answer:
         """Send one request; return once the status and headers are in. A cancellation or a
         failure closes the connection: it is never put back half-used."""
-        endpoint = self.endpoint(url)
-        head = request_head(method, endpoint, headers, len(body))
+        endpoint, head = self.head(method, url, headers, len(body))
         protocol = self._reuse(endpoint.origin)
         fresh = protocol is None  # not `or`: a connection is a queue, and an empty queue is falsy
         if protocol is None:
