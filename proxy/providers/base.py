@@ -8,6 +8,7 @@ transport and the session.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +38,9 @@ class Call:
     wants_usage: bool = False  # the client itself asked for stream_options.include_usage
     beta: str | None = None  # the client's anthropic-beta header, for Anthropic targets only
     trace: TraceContext | None = None  # tracing on: stamps each attempt's traceparent (proxy/traceparent.py)
+    # The server's work for while the upstream thinks: run at a 2xx stream's head, before its first token
+    # (the header's planned part, ``Decision.planned_fields``), so the commit does not wait for it.
+    meanwhile: Callable[[], object] | None = None
 
 
 class StreamTranslator(Protocol):

@@ -138,9 +138,7 @@ async def _route(request: web.Request, gw: Gateway, config: Config, ex: Exchange
     decision = ex.decision = planned.decision  # what is logged if the client leaves during the walk
     if not planned.targets:
         return _nothing_eligible(ex, decision, planned.unservable)
-    # Runs when this task first waits (once the upstream has the request), so the header's planned
-    # part is formatted while the upstream thinks, not after its first token.
-    asyncio.get_running_loop().call_soon(decision.planned_fields)
+    call.meanwhile = decision.planned_fields  # formatted while the upstream thinks, not after its first token
 
     assert gw.walker is not None
     walked = await walk_route(gw.walker, config.providers, planned, call, ex.left)

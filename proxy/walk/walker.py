@@ -214,6 +214,8 @@ class Walker:
                         # and the upstream's headers a client may see (egress.py), for the commit.
                         ready = (aim.adapter.stream_translator(call, aim.target),
                                  forward_headers(upstream.headers, NO_HEADERS, self.scrubber))
+                        if call.meanwhile is not None:
+                            call.meanwhile()
                         first = await upstream.chunk()  # most often it holds the first token
                         if not (gate.feed(first) if first else gate.end()):
                             await _first_token(upstream, gate)

@@ -4,6 +4,8 @@ failure), the second is answered, logged and stored."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import sqlite3
 
@@ -14,9 +16,11 @@ from aiohttp import web
 from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe.accesslog import AccessLog
 from proxy.observe.ledger import Ledger
+from proxy.server.request import parse_call
+from proxy.walk.result import Committed
 
 from ..anthropic_fakes import anthropic_provider, message_body
-from ..conftest import chat_body, decision_of, ok_handler, openai_provider, route_config
+from ..conftest import chat_body, chunk_event, decision_of, ok_handler, openai_provider, route_config
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -215,3 +219,53 @@ async def test_a_lone_target_whose_stream_opening_has_the_wrong_types_is_a_502_a
     assert status == 502, body
     message = orjson.loads(body)["error"]["message"]
     assert "wrong types" in message and "Error" not in message and "iterable" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("stream", "status", "ran"),
+    [
+        pytest.param(True, 200, [True], id="stream-2xx-runs-before-its-first-token"),
+        pytest.param(False, 200, [], id="buffered-has-no-head-to-wait-behind"),
+        pytest.param(True, 503, [], id="a-refusal-is-no-head-to-wait-behind"),
+    ],
+)
+async def test_the_servers_work_for_meanwhile_runs_at_a_2xx_streams_head_before_its_first_token(
+        upstreams, proxy, stream, status, ran):
+    """``Call.meanwhile`` (the header's planned part, in the server) runs while the upstream thinks:
+    at a 2xx stream's head, before the first token is even sent, so the commit does not wait for it."""
+    token_sent = asyncio.Event()
+    may_send = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        if status != 200:
+            return web.json_response({"error": {"message": "busy"}}, status=status)
+        if not stream:
+            return web.json_response(chat_body("fine"))
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": thinking\n\n")
+        with contextlib.suppress(TimeoutError):  # without the hook nobody says so: the token comes anyway
+            await asyncio.wait_for(may_send.wait(), 1.0)
+        token_sent.set()
+        await response.write(chunk_event("hi") + chunk_event("", "stop") + b"data: [DONE]\n\n")
+        return response
+
+    up = await upstreams({"/v1/chat/completions": slow})
+    p = await proxy(route_config([{"provider": "a", "model": "m"}], {"a": openai_provider(up.url)}))
+    config, walker = p.gateway.config, p.gateway.walker
+    assert walker is not None
+    seen: list[bool] = []
+
+    def meanwhile() -> None:
+        seen.append(not token_sent.is_set())
+        may_send.set()
+
+    call, _ = parse_call("chat", orjson.dumps({**CHAT, "stream": stream}))
+    call.meanwhile = meanwhile
+    if not stream:
+        may_send.set()
+    route = config.routes["chat"]
+    walked = await walker.walk(route, route.targets, call, config.providers)
+    if isinstance(walked, Committed):
+        walked.lease.finish()
+    assert seen == ran
