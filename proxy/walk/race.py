@@ -287,6 +287,8 @@ class Race:
                 return
             if not self._won():  # no await since the commit: the first to get here won
                 self.winner = racer
+                if racer.trail.lease is not None:  # told now: the cut leader's bound reads the winner's figure
+                    racer.trail.lease.committed()
                 if self.leader is not None and self.task is not None:
                     self.phase = Phase.CUTTING
                     self.task.cancel()  # lands in the leader's await, as its deadline would

@@ -1030,3 +1030,20 @@ async def test_a_recovery_is_looked_at_while_an_older_look_at_it_is_still_in_fli
     leads = [i for i, d in enumerate(after) if d.order[0] == ("c", "fastest 0.00s")
              or (d.order_names[0] == "c" and d.order[0][1].startswith("fastest"))]
     assert leads and leads[0] < 25, [(d.order, d.race) for d in after]
+
+
+async def test_a_hedge_that_wins_is_told_before_the_leader_it_cut_tells_its_bound(upstreams, proxy):
+    """A stream's first token reaches the state after the client's first write (``Lease.committed``),
+    except a racer's win: the leader it cuts tells its bound behind the winner's figure, so the
+    winner's sample is told first, at its commit, as before."""
+    degraded = {"at": None}
+    a = Shifting(lambda n: 0.25 if degraded["at"] is not None else 0.04, "from-a")
+    b = Timed(first=0.1, text="from-b")
+    p = await _pool(upstreams, proxy, a, b)
+    degraded["at"] = len(a.starts)
+    heard: list[tuple[Any, ...]] = []
+    p.gateway.state.listener = heard.append  # the one door's events, as the fleet link hears them
+    [decision] = await _leads(p, 1)
+    assert decision.served == "b" and decision.order_names[0] == "a"
+    told = [(event[0], event[1][0]) for event in heard if event[0] in ("s", "c")]
+    assert told.index(("s", "b")) < told.index(("c", "a")), told
