@@ -116,7 +116,7 @@ class FirstToken:
                     payload = None
                 if (type(payload) is dict and "error" not in payload and payload.get("object") != "error"
                         and payload.get("type") != "error" and self.carries_content(None, payload)
-                        and chunk_problem(payload) is None and not nested_too_deep(data, payload)):
+                        and chunk_problem(payload) is None and not nested_too_deep(data[6:end])):
                     self.held = opened(data, [(None, payload)], end + 2)
                     return True
         verdict = self._scan(data)
@@ -178,7 +178,7 @@ class FirstToken:
         error = error_of(payload)
         if error is not None:
             return UpstreamError(*error, raw)
-        if nested_too_deep(raw, payload):  # well typed, maybe, but a client's parser cannot read it
+        if nested_too_deep(raw):  # well typed, maybe, but a client's parser cannot read it
             return Ended("malformed stream", TOO_DEEP, raw[:SAMPLE])
         problem = self.problem(payload)
         if problem is not None:  # a client would read it as it is: elsewhere, while we still can

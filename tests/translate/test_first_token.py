@@ -20,6 +20,8 @@ from proxy.translate.first_token import (
 )
 from proxy.walk.classify import classify_ended, classify_error
 
+from .test_usage_taps import logprobs_chunk, python_calls
+
 
 def data(payload: object) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
@@ -236,3 +238,13 @@ def responses_event(kind: str, **payload: object) -> bytes:
 )
 def test_responses_gate(reads: list[bytes], want: list[object]) -> None:
     assert verdicts(ResponsesFirstToken(), reads) == want
+
+
+def test_a_long_bushy_first_event_is_judged_for_depth_from_its_bytes_not_by_a_walk() -> None:
+    """As the taps' check (test_usage_taps.py): the gate walked a long first event's parsed containers for
+    its depth; a logprobs chunk of a thousand tokens made 26,000 Python calls, its bytes a handful."""
+    for first in (logprobs_chunk(1000), delta(role="assistant") + logprobs_chunk(1000)):
+        gate = OpenAIFirstToken()
+        calls = python_calls(lambda: gate.feed(first))  # noqa: B023 (called at once)
+        assert gate.held and gate.failure is None
+        assert calls < 150, calls
