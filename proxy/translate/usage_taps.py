@@ -93,8 +93,10 @@ class OpenAIUsageTap:
 
     def feed(self, data: bytes) -> bytes:
         framer = self._framer
-        # The common case: a read that ends on an event boundary, with nothing held back.
-        whole = not framer.pending and data.endswith(b"\n\n")
+        # The common case: a read that ends on an event boundary, with nothing held back and no CR (a lone
+        # one ends a line for the client: the framer makes it an LF). ``13 in``: an int is a memchr, where a
+        # bytes key first raised and dropped a TypeError (module docstring).
+        whole = not framer.pending and data.endswith(b"\n\n") and 13 not in data
         if whole and data.startswith(b"data: {") and data.find(b"\n", 0, -2) < 0:
             # One event of one JSON data line, a paced stream's every read: not [DONE] and nothing to
             # take out, seen without answer_lines' regex or the [DONE] search (~5k instructions a read).
@@ -262,8 +264,9 @@ class AnthropicUsageTap:
         self._upstream: dict[str, int] = {}
 
     def feed(self, data: bytes) -> bytes:
-        framer = self._framer  # a read that ends on an event boundary needs no framing (two rfinds)
-        block = answer_lines(data if not framer.pending and data.endswith(b"\n\n") else framer.complete(data), True)
+        framer = self._framer  # a read that ends on an event boundary, without a CR, needs no framing (two rfinds)
+        whole = not framer.pending and data.endswith(b"\n\n") and 13 not in data
+        block = answer_lines(data if whole else framer.complete(data), True)
         if block.find(b'"message_stop"') >= 0:
             self.done = True
         if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
