@@ -7,6 +7,7 @@ keys (``max_body_bytes``, ``connections``); these are the fixed ones.
 
 from __future__ import annotations
 
+import re
 from itertools import accumulate
 from typing import Any
 
@@ -87,20 +88,22 @@ def deeper_than(value: Any, limit: int) -> bool:
 # what follows runs over a few bytes a value, not over the text. ``{`` and ``}`` become ``[`` and ``]``.
 _NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
 _SQUARE = bytes.maketrans(b"{}", b"[]")
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # one escape: a backslash and the byte it escapes
 _STEP = tuple(1 if c == 0x5B else -1 if c == 0x5D else 0 for c in range(256))
 
 
 def json_structure(raw: bytes) -> bytes:
     """The brackets of valid JSON that are its structure, not text inside its strings, as ``[`` and ``]``.
 
-    Each step is one C pass over bytes: escaped backslashes, then escaped quotes go (left to right, as a
-    parser pairs them: outside strings JSON has no backslash), so every quote left opens or closes a
-    string; all but quotes and brackets go; adjacent quotes go (an empty string, or two strings with
-    nothing between them: either way the brackets inside strings stay inside); what is left between
-    quotes is text that looked like brackets. Of invalid JSON, every container a parser builds before
-    it fails is counted (the prefix it read is valid), so the count can be taken before parsing."""
-    if raw.find(b"\\") >= 0:  # one byte: memchr; the two-byte searches cost 1 ns a byte
-        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    Each step is one C pass over bytes: escapes go (a backslash and the byte after it, left to right as a
+    parser pairs them: outside strings JSON has no backslash; one regex pass, a quarter of the cost of two
+    replaces), so every quote left opens or closes a string; all but quotes and brackets go; adjacent
+    quotes go (an empty string, or two strings with nothing between them: either way the brackets inside
+    strings stay inside); what is left between quotes is text that looked like brackets. Of invalid JSON,
+    every container a parser builds before it fails is counted (the prefix it read is valid), so the
+    count can be taken before parsing."""
+    if 92 in raw:  # a backslash (an int: memchr)
+        raw = _ESCAPE.sub(b"", raw)
     quoted = raw.translate(_SQUARE, _NOT_STRUCTURE).replace(b'""', b"")
     if quoted.find(b'"') < 0:
         return quoted
