@@ -20,7 +20,7 @@ from proxy.translate.first_token import (
 )
 from proxy.walk.classify import classify_ended, classify_error
 
-from .test_usage_taps import logprobs_chunk, python_calls
+from ..python_calls import logprobs_chunk, python_calls
 
 
 def data(payload: object) -> bytes:

@@ -7,9 +7,7 @@ moved tens of gigabytes; now that costs its length once, and past MAX_EVENT_BYTE
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable
 
 import orjson
 import pytest
@@ -21,6 +19,8 @@ from proxy.translate.chat_to_messages import OpenAIStreamToAnthropic
 from proxy.translate.sse import SseDecoder
 from proxy.translate.usage_taps import AnthropicUsageTap, OpenAIUsageTap
 from proxy.walk.classify import classify_exception
+
+from ..python_calls import logprobs_chunk, python_calls
 
 PIECE = b"x" * 2048
 
@@ -195,32 +195,6 @@ def test_a_bulk_read_with_an_event_nested_too_deep_ends_at_that_event(block: byt
     with pytest.raises(Exception, match="nests its JSON more than 512 levels deep") as caught:
         tap.feed(block)
     assert len(caught.value.partial) == before
-
-
-def python_calls(run: Callable[[], object]) -> int:
-    """Python function calls ``run`` makes (a C function's are not counted): what a walk of parsed
-    containers costs, one generator a container, where C-speed byte passes cost a handful."""
-    calls = 0
-
-    def count(frame: object, what: str, arg: object) -> None:
-        nonlocal calls
-        calls += what == "call"
-
-    sys.setprofile(count)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
-def logprobs_chunk(tokens: int) -> bytes:
-    """A streamed chunk carrying many tokens' logprobs: long, bushy (thousands of containers), shallow."""
-    top = [{"token": "b", "logprob": -1.5, "bytes": [98]}] * 5
-    logprobs = {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": top}] * tokens}
-    payload = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-               "choices": [{"index": 0, "delta": {"content": "a" * tokens}, "logprobs": logprobs}]}
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def test_a_long_bushy_event_is_judged_for_depth_from_its_bytes_not_by_a_walk() -> None:
