@@ -22,7 +22,8 @@ route sets them): ``shipped`` (with its ``hedge``), ``unset`` (the same route sa
 settings), ``measure`` (the shipped hedge with ``after: 600``:
 races to measure, never hedges by time), ``oracle`` (firstbyte pinned to the scheduled best), ``floor``
 (``scripts/floor.py --pick``, the smallest aiohttp relay that commits at the first chunk, pinned alike: what
-any Python hop costs here, so ``x oracle`` below 1 is what firstbyte adds over it).
+any Python hop costs here, so ``x oracle`` below 1 is what firstbyte adds over it), ``nginx`` (nginx, from
+Debian's ``nginx-light``, streaming to the upstream the pin names: what a relay in C costs; ``scripts/hop.py``).
 Each repeat starts every process afresh (a cold start); the table pools repeats and gives their range.
 
     scripts/simulate-pool --direct [--scenarios ...] [--strategies ...] [--repeats 3] [--port-base P] [--tag T]
@@ -36,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import random
+import shutil
 import socket
 import statistics
 import sys
@@ -55,7 +57,27 @@ from proxy.routing.decision import parse_header
 
 DIRECT = "direct"
 FLOOR = "floor"  # scripts/floor.py --pick: the smallest committed aiohttp relay, pinned to the scheduled best
-PINNED = ("oracle", FLOOR)
+NGINX = "nginx"  # nginx streaming to the upstream the pin names: what a relay in C costs here (scripts/hop.py)
+PINNED = ("oracle", FLOOR, NGINX)
+NGINX_CONF = """worker_processes 1;
+error_log {tmp}/nginx-error.log;
+pid {tmp}/nginx-{port}.pid;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+{upstreams}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://$http_x_route_provider;  # the pin names an upstream group below
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }}
+  }}
+}}
+"""
 GOAL_SHIPPED = 1.05  # x direct, hedging as shipped
 GOAL_UNSET = 1.10  # x direct, a route saying nothing about hedge
 DUP_GOAL = 0.10
@@ -116,7 +138,7 @@ async def client(strategy: str, urls: dict[str, str], concurrency: int, until: f
                     record["ttfc_ms"] = (time.monotonic() - sent) * 1000
                     await resp.read()
                     record["ok"] = resp.status == 200 and bool(first)
-                    if strategy in (DIRECT, FLOOR):
+                    if strategy in (DIRECT, FLOOR, NGINX):
                         record["served"], record["extra"] = best, 0
                     else:
                         decision = parse_header(resp.headers["x-route-decision"])
@@ -197,6 +219,9 @@ def commands(args: argparse.Namespace, tmp: Path, name: str, span: float, sim_po
             out[FLOOR] = ([sys.executable, str(ROOT / "scripts" / "floor.py"), "--port", str(port), "--upstream",
                            "http://127.0.0.1:1", *picks], port)
             continue
+        if s == NGINX:
+            out[NGINX] = (nginx_command(tmp, name, port, sim_ports), port)
+            continue
         path = tmp / f"pool-{s}.json"
         path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "access_log": {"path": "/dev/null"},
                                     "providers": providers, "routes": {"pool": configs[s]}}))
@@ -205,6 +230,14 @@ def commands(args: argparse.Namespace, tmp: Path, name: str, span: float, sim_po
             serve = ["env", f"PYTHONPATH={args.proxy_dir}", sys.executable, "-P", "-m", "proxy.cli", *serve[1:]]
         out[f"firstbyte-{s}"] = (serve, port)
     return out
+
+
+def nginx_command(tmp: Path, name: str, port: int, sim_ports: dict[str, int]) -> list[str]:
+    """nginx in the foreground, an upstream group per target named as the pin names it."""
+    groups = "\n".join(f"  upstream {n} {{ server 127.0.0.1:{p}; keepalive 16; }}" for n, p in sim_ports.items())
+    conf = tmp / f"nginx-{name}.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, port=port, upstreams=groups))
+    return [shutil.which("nginx") or "nginx", "-p", str(tmp), "-c", str(conf), "-g", "daemon off;"]
 
 
 def figures(calls: list[dict[str, Any]], direct: list[dict[str, Any]], shift_t: float | None) -> dict[str, Any]:
@@ -288,7 +321,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="simulate-pool --direct", description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", nargs="+", default=list(ABRUPT_SCENARIOS), choices=list(SCENARIOS))
     p.add_argument("--strategies", nargs="+", default=["shipped", "unset", "oracle"],
-                   choices=["shipped", "unset", "off", "defaults", "measure", "oracle", FLOOR])
+                   choices=["shipped", "unset", "off", "defaults", "measure", "oracle", FLOOR, NGINX])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=None, help="load per run (default: the scenario's, 3 s)")
     p.add_argument("--concurrency", type=int, default=None, help="workers per client (default: the scenario's, 4)")
