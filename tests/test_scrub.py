@@ -419,3 +419,22 @@ async def test_an_sse_client_reads_no_key_from_a_lone_cr_event(upstreams, proxy)
         await client.close()
     await access.close()
     assert "".join(words) == "hi there"
+
+
+async def test_a_stream_framed_by_lone_crs_alone_is_answered(upstreams, proxy):
+    """Every line of the stream ended by a lone CR, as the spec allows: the first-token gate found no event
+    in it and failed the stream as empty (a 502). It reads the events an SSE client reads now."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        events = [_chunk({"role": "assistant"}), _chunk({"content": "hi"}), _chunk({"content": " there"}),
+                  _chunk({}, "stop"), b"data: [DONE]\n\n"]
+        return await _after_the_first_token(request, [event.replace(b"\n", b"\r") for event in events])
+
+    up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        stream = await client.chat.completions.create(**CHAT, stream=True)
+        words = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+    finally:
+        await client.close()
+    await access.close()
+    assert "".join(words) == "hi there"

@@ -27,7 +27,7 @@ from .chunk_types import chunk_problem
 
 __all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
            "JsonEventFeed", "Opening", "SseDecoder", "data_frame", "data_of", "event_around",
-           "event_end", "event_frame", "fields", "json_object", "last_event_end", "openai_error_event",
+           "event_end", "event_frame", "fields", "json_object", "last_event_end", "lone_crs", "openai_error_event",
            "opening_events", "split_events"]
 
 Json = dict[str, Any]
@@ -151,6 +151,12 @@ def json_object(event: bytes) -> Json | None:
 _LONE_CR = re.compile(rb"\r(?!\n|\Z)")
 
 
+def lone_crs(data: bytes) -> bytes:
+    """``data`` with each lone CR an LF: one not before an LF, nor its last byte (that waits for the next
+    read, which may start with its LF). None: the same bytes back, for a regex search's cost."""
+    return _LONE_CR.sub(b"\n", data)
+
+
 class EventFramer:
     """Cut bytes into complete SSE events; an event cut by a read waits for its end.
 
@@ -208,7 +214,7 @@ class EventFramer:
         if self.pending and self.pending[-1].endswith(b"\r") and not data.startswith(b"\n"):
             self.pending[-1] = self.pending[-1][:-1] + b"\n"
             self._tail = self._tail[:-1] + b"\n"
-        return _LONE_CR.sub(b"\n", data)  # none: the same bytes back (a search's cost, less than two counts')
+        return lone_crs(data)  # a regex search's cost, less than two counts' (a CRLF stream's every read)
 
     def _hold(self, piece: bytes, partial: bytes = b"") -> None:
         self.pending.append(piece)
