@@ -128,7 +128,8 @@ async def round_robin(urls: list[str], concurrency: int, until: float, starts: d
         while time.monotonic() < until:
             sent = time.monotonic()
             instance = next(turn) % len(urls)
-            record: dict[str, Any] = {"ok": False, "at": sent - min(starts.values()), "instance": instance}
+            record: dict[str, Any] = {"ok": False, "at": sent - min(starts.values()), "instance": instance,
+                                      "wall": time.time()}
             try:
                 async with session.post(urls[instance] + "/v1/chat/completions", data=body,
                                         headers=headers) as resp:
