@@ -10,6 +10,7 @@ body, no header and no access-log line, and no long piece of it either.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 from collections.abc import Callable
@@ -327,3 +328,113 @@ async def test_an_sse_client_sees_no_key_as_the_last_event_id(upstreams, proxy):
     assert [orjson.loads(e.data)["choices"][0]["delta"] for e in seen[:-1]] == [{"role": "assistant"},
                                                                                   {"content": "hi"}, {}]
     assert all(e.last_event_id == "" for e in seen), [e.last_event_id for e in seen]
+
+
+def _bare_cr(event: bytes, key: str) -> bytes:
+    """``event`` framed with lone CRs, as the WHATWG SSE spec lets an upstream end lines: its data line,
+    then a comment and an ``id:`` line that quote the key, then a CR for the blank line."""
+    return event.rstrip(b"\n") + b"\r: " + key.encode() + b"\rid: " + key.encode() + b"\rretry: 1\r\r"
+
+
+def _lines(wire: bytes) -> list[bytes]:
+    """The lines an SSE client reads (CRLF, LF or a lone CR ends one)."""
+    return re.split(rb"\r\n|\r|\n", wire)
+
+
+async def _after_the_first_token(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await response.prepare(request)
+    for event in events:
+        await response.write(event)
+        await asyncio.sleep(0.01)  # one read each: the lone-CR event arrives after the commit, on its own
+    await response.write_eof()
+    return response
+
+
+_CR_CASES = [
+    pytest.param("/v1/chat/completions", CHAT, "openai", "/v1/chat/completions",
+                 lambda key: [_chunk({"role": "assistant"}), _chunk({"content": "hi"}),
+                              _bare_cr(_chunk({"content": " there"}), key), _chunk({}, "stop"), b"data: [DONE]\n\n"],
+                 id="chat-passthrough"),
+    pytest.param("/v1/messages", MESSAGES, "anthropic", "/v1/messages",
+                 lambda key: [anthropic_event("message_start", {"message": {**message_body(), "content": []}}),
+                              anthropic_event("content_block_start",
+                                              {"index": 0, "content_block": {"type": "text", "text": ""}}),
+                              anthropic_event("content_block_delta",
+                                              {"index": 0, "delta": {"type": "text_delta", "text": "hi"}}),
+                              _bare_cr(anthropic_event("content_block_delta", {
+                                  "index": 0, "delta": {"type": "text_delta", "text": " there"}}), key),
+                              anthropic_event("content_block_stop", {"index": 0}),
+                              anthropic_event("message_stop", {})],
+                 id="messages-passthrough"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "kind", "upstream_path", "events"), _CR_CASES)
+async def test_lone_crs_end_lines_for_the_filter_as_they_do_for_the_client(upstreams, proxy, path, body, kind,
+                                                                          upstream_path, events):
+    """A reviewer's stream: after the first token, ``data: {...}\\r: key\\rid: key\\r\\r``. firstbyte read
+    lines up to LF, so the whole event was one data line to its filter and went on as it was; an SSE client
+    (WHATWG: CRLF, LF or CR ends a line) read the comment and the ``id:`` line the filter drops. A lone CR
+    is an LF now: the client gets only the lines the filter keeps, and the answer whole."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _after_the_first_token(request, events(_sent(request)))
+
+    up, p, access, _ = await _gateway(upstreams, proxy, kind, {}, upstream_path, handler)
+    status, _, wire = await _ask(p.url + path, {**body, "stream": True})
+    await access.close()
+    assert status == 200, wire
+    assert not _leaks(wire.decode()), wire
+    kept = [line for line in _lines(wire) if line and not line.startswith((b"data:", b"event:"))]
+    assert set(kept) <= {b":"}, kept
+    assert b" there" in wire, wire
+
+
+async def test_an_sse_client_reads_no_key_from_a_lone_cr_event(upstreams, proxy):
+    """aiohttp-sse-client splits lines at LF only (its StreamReader's lines): the lone-CR event was one data
+    line to it, the key inside its data. The openai SDK splits as the spec does and read the same words."""
+    from aiohttp_sse_client.client import EventSource
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _after_the_first_token(request, [
+            _chunk({"role": "assistant"}), _chunk({"content": "hi"}),
+            _bare_cr(_chunk({"content": " there"}), _sent(request)), _chunk({}, "stop"), b"data: [DONE]\n\n"])
+
+    up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
+    seen = []
+    async with aiohttp.ClientSession() as session, EventSource(
+            p.url + "/v1/chat/completions", option={"method": "POST"}, session=session, max_connect_retry=0,
+            data=orjson.dumps({**CHAT, "stream": True})) as source:
+        async for event in source:
+            seen.append(event)
+            if event.data == "[DONE]":
+                break
+    assert not any(_leaks(e.data) or _leaks(e.last_event_id) for e in seen), seen
+    assert "".join(orjson.loads(e.data)["choices"][0]["delta"].get("content", "") for e in seen[:-1]) == "hi there"
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        stream = await client.chat.completions.create(**CHAT, stream=True)
+        words = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+    finally:
+        await client.close()
+    await access.close()
+    assert "".join(words) == "hi there"
+
+
+async def test_a_stream_framed_by_lone_crs_alone_is_answered(upstreams, proxy):
+    """Every line of the stream ended by a lone CR, as the spec allows: the first-token gate found no event
+    in it and failed the stream as empty (a 502). It reads the events an SSE client reads now."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        events = [_chunk({"role": "assistant"}), _chunk({"content": "hi"}), _chunk({"content": " there"}),
+                  _chunk({}, "stop"), b"data: [DONE]\n\n"]
+        return await _after_the_first_token(request, [event.replace(b"\n", b"\r") for event in events])
+
+    up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        stream = await client.chat.completions.create(**CHAT, stream=True)
+        words = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+    finally:
+        await client.close()
+    await access.close()
+    assert "".join(words) == "hi there"

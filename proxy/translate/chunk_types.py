@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..bounds import MAX_CHUNK_DEPTH, deeper_than
+from ..bounds import MAX_CHUNK_DEPTH, json_deeper_than
 
 __all__ = ["DEEP_BYTES", "RELAYED_SUSPECT", "SUSPECT", "TEXT_SUSPECT", "TOO_DEEP", "chunk_problem", "nested_too_deep",
            "text_problem"]
@@ -48,11 +48,12 @@ TOO_DEEP = (f"an upstream event nests its JSON more than {MAX_CHUNK_DEPTH} level
 DEEP_BYTES = 2 * MAX_CHUNK_DEPTH  # a level takes a bracket to open and one to close: shorter cannot be too deep
 
 
-def nested_too_deep(raw: bytes, payload: Any) -> bool:
-    """Does ``payload``, parsed from ``raw``, nest past ``MAX_CHUNK_DEPTH``? Its length and two C-speed
-    bracket counts answer for nearly every event; only one with that many brackets is walked."""
+def nested_too_deep(raw: bytes) -> bool:
+    """Does ``raw``, an event's JSON data, nest past ``MAX_CHUNK_DEPTH``? Its length and two C-speed bracket
+    counts answer for nearly every event; only one with that many brackets is read, from its bytes
+    (``json_deeper_than``: its cost follows the bytes, where walking the parsed containers cost ~2 us each)."""
     return (len(raw) >= DEEP_BYTES and raw.count(b"[") + raw.count(b"{") > MAX_CHUNK_DEPTH
-            and deeper_than(payload, MAX_CHUNK_DEPTH))
+            and json_deeper_than(raw, MAX_CHUNK_DEPTH))
 
 
 _DELTA_TEXT = ("content", "role", "refusal", "reasoning_content")

@@ -24,7 +24,7 @@ import orjson
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
 from .chunk_types import SUSPECT, TOO_DEEP, chunk_problem, nested_too_deep, text_problem
-from .sse import Event, data_of, event_end, fields, opened
+from .sse import Event, data_of, event_end, fields, lone_crs, opened
 
 __all__ = [
     "MAX_OPENING",
@@ -96,6 +96,8 @@ class FirstToken:
     compact_content = False  # OpenAI chat chunks only: a compact non-empty "content" string is a token
 
     def feed(self, data: bytes) -> bool:
+        if 13 in data or (self._buf is not None and self._buf.endswith(b"\r")):  # an int: memchr
+            data = self._lone_crs(data)
         if self.compact_content and self._buf is None and data.startswith(b"data: {"):
             # The common case, kept lean (it runs once per streamed call): a first read whose
             # first event is one data line that already carries content.
@@ -116,7 +118,7 @@ class FirstToken:
                     payload = None
                 if (type(payload) is dict and "error" not in payload and payload.get("object") != "error"
                         and payload.get("type") != "error" and self.carries_content(None, payload)
-                        and chunk_problem(payload) is None and not nested_too_deep(data, payload)):
+                        and chunk_problem(payload) is None and not nested_too_deep(data[6:end])):
                     self.held = opened(data, [(None, payload)], end + 2)
                     return True
         verdict = self._scan(data)
@@ -127,6 +129,16 @@ class FirstToken:
         else:
             self.failure = verdict  # type: ignore[assignment]
         return True
+
+    def _lone_crs(self, data: bytes) -> bytes:
+        """A lone CR ends a line for an SSE client: an LF here too, as in the framer after the commit
+        (``sse.EventFramer``), so the opening is judged by the events the client will read (one framed
+        by CRs alone found no event, and failed as empty). A CR that ended the last read is lone unless
+        this one starts with an LF."""
+        held = self._buf
+        if held is not None and held.endswith(b"\r") and not data.startswith(b"\n"):
+            held[-1] = 0x0A
+        return lone_crs(data)
 
     def _scan(self, data: bytes) -> Verdict:
         text: bytes | bytearray
@@ -159,7 +171,13 @@ class FirstToken:
         return None
 
     def end(self) -> bool:
-        """The upstream's body ended without a first token."""
+        """The upstream's body ended without a first token; or it ended with a CR, which ends its line
+        (an event framed by CRs is whole at it): the opening is read once more with it."""
+        held = self._buf
+        if held is not None and held.endswith(b"\r"):
+            held[-1] = 0x0A
+            if self.feed(b""):
+                return True
         self.failure = _EMPTY
         return True
 
@@ -178,7 +196,7 @@ class FirstToken:
         error = error_of(payload)
         if error is not None:
             return UpstreamError(*error, raw)
-        if nested_too_deep(raw, payload):  # well typed, maybe, but a client's parser cannot read it
+        if nested_too_deep(raw):  # well typed, maybe, but a client's parser cannot read it
             return Ended("malformed stream", TOO_DEEP, raw[:SAMPLE])
         problem = self.problem(payload)
         if problem is not None:  # a client would read it as it is: elsewhere, while we still can

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from ..bounds import MAX_CHUNK_DEPTH, deeper_than
+from ..bounds import MAX_CHUNK_DEPTH
 from ..errors import StreamError
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
@@ -36,6 +36,7 @@ from .chunk_types import (
     TEXT_SUSPECT,
     TOO_DEEP,
     chunk_problem,
+    nested_too_deep,
     text_problem,
 )
 from .first_token import error_of
@@ -92,8 +93,10 @@ class OpenAIUsageTap:
 
     def feed(self, data: bytes) -> bytes:
         framer = self._framer
-        # The common case: a read that ends on an event boundary, with nothing held back.
-        whole = not framer.pending and data.endswith(b"\n\n")
+        # The common case: a read that ends on an event boundary, with nothing held back and no CR (a lone
+        # one ends a line for the client: the framer makes it an LF). ``13 in``: an int is a memchr, where a
+        # bytes key first raised and dropped a TypeError (module docstring).
+        whole = not framer.pending and data.endswith(b"\n\n") and 13 not in data
         if whole and data.startswith(b"data: {") and data.find(b"\n", 0, -2) < 0:
             # One event of one JSON data line, a paced stream's every read: not [DONE] and nothing to
             # take out, seen without answer_lines' regex or the [DONE] search (~5k instructions a read).
@@ -196,7 +199,7 @@ def _raise_on_wrong(block: bytes, suspect: re.Pattern[bytes], judge: Callable[[d
     it (docs/apis.md). Only an event ``suspect`` finds is parsed and judged; one that orjson cannot
     read (nested past 1,024 levels, a number past a double) would break the client's parser the same
     way (the openai SDK raised ``RecursionError``), so it ends the stream too."""
-    def wrong(payload: Any) -> str:
+    def wrong(data: bytes, payload: Any) -> str:
         problem = judge(payload) if type(payload) is dict else None
         return f"{WRONG_TYPES} ({problem})" if problem is not None else ""
 
@@ -210,7 +213,8 @@ def raise_on_deep(block: bytes, error: type[StreamError]) -> None:
     within DEEP_BYTES (one ``rfind`` in C) says every event up to it is shorter, and the next look
     starts after it, so a read of ordinary events is cleared in a few looks per kilobyte. Only an event
     with no blank line within DEEP_BYTES of its start is looked at: its events split, and one long
-    enough, with brackets enough, parsed and walked."""
+    enough, with brackets enough, parsed (C) and its depth read from its bytes (``nested_too_deep``: no
+    Python walk of its containers); one orjson cannot read ends the stream as before."""
     start, end = 0, len(block)
     while end - start >= DEEP_BYTES:
         found = block.rfind(b"\n\n", start, start + DEEP_BYTES)
@@ -220,23 +224,25 @@ def raise_on_deep(block: bytes, error: type[StreamError]) -> None:
     else:
         return
     _raise_at(block, lambda event: len(event) >= DEEP_BYTES and event.count(b"[") + event.count(b"{") > MAX_CHUNK_DEPTH,
-              lambda payload: TOO_DEEP if deeper_than(payload, MAX_CHUNK_DEPTH) else "", error)
+              lambda data, payload: TOO_DEEP if nested_too_deep(data) else "", error)
 
 
-def _raise_at(block: bytes, picked: Callable[[bytes], bool], verdict: Callable[[Any], str],
+def _raise_at(block: bytes, picked: Callable[[bytes], bool], verdict: Callable[[bytes, Any], str],
               error: type[StreamError]) -> None:
-    """The first event ``picked`` whose data orjson cannot read, or whose ``verdict`` says what is
-    wrong with it, ends the stream: raised with the events before it (``partial``)."""
+    """The first event ``picked`` whose data orjson cannot read, or whose ``verdict`` (on its data's bytes
+    and what they parse to) says what is wrong with it, ends the stream: raised with the events before
+    it (``partial``)."""
     events = split_events(block)
     for i, event in enumerate(events):
         if not picked(event):
             continue
+        data = data_of(event)
         try:
-            payload = orjson.loads(data_of(event))
+            payload = orjson.loads(data)
         except orjson.JSONDecodeError as unread:
             message = f"an upstream event could not be read as JSON ({unread})"
         else:
-            message = verdict(payload)
+            message = verdict(data, payload)
         if message:
             exc = error(message, INVALID_STREAM)
             exc.partial = b"".join(events[:i])
@@ -258,8 +264,9 @@ class AnthropicUsageTap:
         self._upstream: dict[str, int] = {}
 
     def feed(self, data: bytes) -> bytes:
-        framer = self._framer  # a read that ends on an event boundary needs no framing (two rfinds)
-        block = answer_lines(data if not framer.pending and data.endswith(b"\n\n") else framer.complete(data), True)
+        framer = self._framer  # a read that ends on an event boundary, without a CR, needs no framing (two rfinds)
+        whole = not framer.pending and data.endswith(b"\n\n") and 13 not in data
+        block = answer_lines(data if whole else framer.complete(data), True)
         if block.find(b'"message_stop"') >= 0:
             self.done = True
         if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then

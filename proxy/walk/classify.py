@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from ..bounds import MAX_CHUNK_DEPTH, json_deeper_than
 from ..errors import StreamTooLarge
 from ..state.breaker import MAX_COOLDOWN
 from ..translate.first_token import Ended, UpstreamError
@@ -60,6 +61,22 @@ def is_json_object(body: bytes) -> bool:
         except orjson.JSONDecodeError:
             return False
     return _OBJECT_START.match(body) is not None and body[-64:].rstrip().endswith(b"}")
+
+
+# A buffered 2xx nested past what a client's parser reads (MAX_CHUNK_DEPTH, as a stream's event): the openai
+# SDK raised RecursionError at 1,020 levels, which orjson reads (1,024). Not the answer: a failover, counted.
+TOO_DEEP_BODY = Outcome("invalid body", True, 502, f"upstream answered 2xx with JSON nested more than "
+                        f"{MAX_CHUNK_DEPTH} levels deep, past what a client's parser reads; a real answer nests "
+                        "under ten: report it to the provider")
+
+
+def nested_too_deep(body: bytes) -> bool:
+    """Does a buffered answer nest past ``MAX_CHUNK_DEPTH``? Shorter than two bytes a level, or with fewer
+    brackets than levels (two C counts), it cannot; else its bytes say (``json_deeper_than``: a 0.8 MB
+    logprobs answer costs a few ms, where walking its parsed containers cost 85), whatever its size, so
+    a body past ``FULL_JSON_CHECK`` is read too."""
+    return (len(body) > 2 * MAX_CHUNK_DEPTH and body.count(b"[") + body.count(b"{") > MAX_CHUNK_DEPTH
+            and json_deeper_than(body, MAX_CHUNK_DEPTH))
 
 
 def fails_over(status: int) -> bool:

@@ -9,7 +9,7 @@ import zlib
 import orjson
 import pytest
 
-from proxy.bounds import MAX_JSON_DEPTH, WALK_UP_TO, deeper_than, json_deeper_than
+from proxy.bounds import MAX_BODY_CONTAINERS, MAX_JSON_DEPTH, WALK_BYTES_PER_BRACKET, deeper_than, json_deeper_than
 from proxy.routing.decision import parse_header
 
 from ..conftest import assert_openai_error, exchange, ok_handler, openai_provider, post_head, route_config
@@ -75,7 +75,7 @@ async def test_json_nested_hundreds_deep_is_a_400_not_a_500(gateway):
     assert up.calls == []
 
 
-WIDE = b",".join([b"[]"] * 25_000)  # past WALK_UP_TO brackets: the depth is read from the bytes
+WIDE = b",".join([b"[]"] * 25_000)  # brackets enough for the depth to be read from the bytes
 
 
 @pytest.mark.parametrize(
@@ -102,11 +102,11 @@ def test_the_bytes_read_the_depth_the_walk_reads(raw, limit):
     pytest.param(b'[' * 126 + b']' * 126, 200, id="at-the-limit"),
 ])
 async def test_a_body_of_many_brackets_is_read_for_depth_by_its_bytes(gateway, tail, status):
-    """1.3M empty arrays (3.9 MB) held the loop 3 s while the walk visited each; past WALK_UP_TO brackets
-    the depth is read from the bytes (0.3 s on that body): still refused when deep, served when not."""
+    """1.3M empty arrays (3.9 MB) held the loop 3 s while the walk visited each; with more brackets than a
+    500th of its bytes the depth is read from the bytes: still refused when deep, served when not."""
     up, p = gateway
     raw = orjson.dumps(CHAT)[:-1] + b', "metadata": {"wide": [' + WIDE + b'], "tail": ' + tail + b'}}'
-    assert raw.count(b"[") > WALK_UP_TO
+    assert raw.count(b"[") * WALK_BYTES_PER_BRACKET > len(raw)
     got, _, body = await p.post("/v1/chat/completions", raw)
     if status == 400:
         assert "128" in str(assert_openai_error(got, body, 400, "invalid_json")["message"])
@@ -120,6 +120,31 @@ async def test_a_request_with_many_brackets_but_shallow_passes(gateway):
               "properties": {"a": {"type": "array", "items": {"type": "string"}}}}}} for i in range(60)]
     status, _, body = await p.post("/v1/chat/completions", {**CHAT, "tools": tools})
     assert status == 200, body
+
+
+def _containers(n: int) -> bytes:
+    """A chat body of exactly ``n`` JSON objects and arrays (its own five and empty arrays)."""
+    return orjson.dumps(CHAT)[:-1] + b', "metadata": {"wide": [' + b",".join([b"[]"] * (n - 5)) + b"]}}"
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    pytest.param(_containers(MAX_BODY_CONTAINERS), 200, id="at-the-cap"),
+    pytest.param(_containers(MAX_BODY_CONTAINERS + 1), 400, id="one-past-it"),
+    pytest.param(orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "[{" * MAX_BODY_CONTAINERS}]}),
+                 200, id="brackets-in-text-are-not-containers"),
+    pytest.param(_containers(MAX_BODY_CONTAINERS + 1)[:-3], 400, id="cut-json-past-it-is-counted-too"),
+])
+async def test_a_body_of_more_containers_than_the_cap_is_refused_before_it_is_parsed(gateway, raw, status):
+    """1.3M empty arrays (3.9 MB, under the default max_body_bytes) held the event loop ~0.5 s while orjson
+    built them: past MAX_BODY_CONTAINERS the body is refused from its bytes' count, in the OpenAI shape."""
+    up, p = gateway
+    got, _, body = await p.post("/v1/chat/completions", raw)
+    if status == 200:
+        assert got == 200, body[:300]
+        return
+    err = assert_openai_error(got, body, 400, "too_many_containers")
+    assert f"{MAX_BODY_CONTAINERS:,}" in str(err["message"]) and "split" in str(err["message"]), err
+    assert up.calls == []
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ from proxy.translate.first_token import (
 )
 from proxy.walk.classify import classify_ended, classify_error
 
+from ..python_calls import logprobs_chunk, python_calls
+
 
 def data(payload: object) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
@@ -236,3 +238,40 @@ def responses_event(kind: str, **payload: object) -> bytes:
 )
 def test_responses_gate(reads: list[bytes], want: list[object]) -> None:
     assert verdicts(ResponsesFirstToken(), reads) == want
+
+
+def test_a_long_bushy_first_event_is_judged_for_depth_from_its_bytes_not_by_a_walk() -> None:
+    """As the taps' check (test_usage_taps.py): the gate walked a long first event's parsed containers for
+    its depth; a logprobs chunk of a thousand tokens made 26,000 Python calls, its bytes a handful."""
+    for first in (logprobs_chunk(1000), delta(role="assistant") + logprobs_chunk(1000)):
+        gate = OpenAIFirstToken()
+        calls = python_calls(lambda: gate.feed(first))  # noqa: B023 (called at once)
+        assert gate.held and gate.failure is None
+        assert calls < 150, calls
+
+
+def _crs(*events: bytes) -> bytes:
+    """``events`` with every line ended by a lone CR, as the WHATWG SSE spec lets a stream end them."""
+    return b"".join(events).replace(b"\n", b"\r")
+
+
+@pytest.mark.parametrize(("gate", "opening", "held"), [
+    pytest.param(OpenAIFirstToken, _crs(ROLE, TEXT), ROLE + TEXT, id="openai-crs-only"),
+    pytest.param(OpenAIFirstToken, ROLE.replace(b"\n\n", b"\r\n\r\n") + _crs(TEXT),
+                 ROLE.replace(b"\n\n", b"\r\n\r\n") + TEXT, id="openai-crlf-then-crs"),
+    pytest.param(OpenAIFirstToken, _crs(ROLE, TEXT) + b"\n", ROLE + TEXT[:-1] + b"\r\n",
+                 id="openai-crs-then-a-crlf-kept"),
+    pytest.param(AnthropicFirstToken, _crs(MESSAGE_START, EMPTY_TEXT_START, TEXT_DELTA),
+                 MESSAGE_START + EMPTY_TEXT_START + TEXT_DELTA, id="anthropic-crs-only"),
+])
+def test_an_opening_framed_by_lone_crs_commits_at_its_first_token(gate: type[FirstToken], opening: bytes,
+                                                                  held: bytes) -> None:
+    """An SSE client ends a line at CRLF, LF or a lone CR: cut anywhere into two reads, an opening framed by
+    CRs commits at its first token, handing on the events as LF-framed (the framer after it does the same).
+    It found no event before, and the stream failed as empty when it ended."""
+    for cut in range(len(opening) + 1):
+        one = gate()
+        reads = [part for part in (opening[:cut], opening[cut:]) if part]
+        if verdicts(one, reads)[-1] is None:  # its last CR may begin a CRLF: the next read, or the end, says
+            assert one.end() and one.failure is None, cut
+        assert one.held == held, (cut, one.held)

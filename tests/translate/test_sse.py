@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
@@ -174,3 +176,31 @@ def test_a_passthrough_block_keeps_only_its_answer_lines(block, kept):
 def test_a_read_of_one_event_keeps_what_the_full_look_keeps(block, kept):
     assert answer_lines(block) == kept
     assert answer_lines(block) == kept
+
+
+
+def _spec_lines(stream: bytes) -> bytes:
+    """``stream`` as an SSE client reads its lines (CRLF, LF or a lone CR ends one), each ended by LF."""
+    return re.sub(rb"\r\n|\r", b"\n", stream)
+
+
+@pytest.mark.parametrize("stream", [
+    pytest.param(b"data: x\r: k\rid: k\r\rdata: y\n\n", id="lone-crs-then-lf"),
+    pytest.param(b"data: x\r\n\r\ndata: y\r\rdata: z\n\n", id="crlf-then-lone-crs"),
+    pytest.param(b"data: x\r\rdata: y\r\n\r\n", id="lone-cr-blank-line"),
+    pytest.param(b"data: x\n\r\ndata: y\r\n\n", id="lf-then-crlf-blank-lines"),
+    pytest.param(b"data: x\r\r\ndata: y\r\r\n", id="cr-then-crlf"),
+    pytest.param(b": k\r\rdata: x\n\n", id="a-lone-cr-comment-first"),
+])
+def test_the_framer_ends_lines_where_an_sse_client_does(stream: bytes) -> None:
+    """Cut anywhere into two reads: a lone CR ends a line as an LF does, a CRLF split between reads is one
+    line end, and what the framer hands on is the lines and events a client reads (a CRLF kept as it is)."""
+    events = [data for _, data in SseDecoder().feed(_spec_lines(stream))]
+    assert events and all(b"k" not in data for data in events)
+    for cut in range(len(stream) + 1):
+        framer = EventFramer()
+        out = framer.complete(stream[:cut]) + framer.complete(stream[cut:]) + framer.rest()
+        assert b"\r" not in out.replace(b"\r\n", b""), (cut, out)
+        assert _spec_lines(out) == _spec_lines(stream), (cut, out)
+        decoder = SseDecoder()
+        assert [data for _, data in decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])] == events, cut

@@ -7,10 +7,12 @@ from __future__ import annotations
 import io
 import sqlite3
 
+import openai
 import orjson
 import pytest
 from aiohttp import web
 
+from proxy.bounds import MAX_CHUNK_DEPTH
 from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe.accesslog import AccessLog
 from proxy.observe.ledger import Ledger
@@ -215,3 +217,66 @@ async def test_a_lone_target_whose_stream_opening_has_the_wrong_types_is_a_502_a
     assert status == 502, body
     message = orjson.loads(body)["error"]["message"]
     assert "wrong types" in message and "Error" not in message and "iterable" not in message, message
+
+
+def _nested(levels: int, pad: int = 0) -> bytes:
+    """A chat answer whose JSON nests ``levels`` deep (its own object is the first), its text ``pad``
+    bytes long: past ``FULL_JSON_CHECK`` only the answer's shape was looked at."""
+    answer = orjson.dumps({**chat_body("x" * pad if pad else "deep"), "x": None})
+    return answer.replace(b'"x":null', b'"x":' + b"[" * (levels - 1) + b"]" * (levels - 1))
+
+
+DEEP_ANSWERS = [pytest.param(_nested(1020), id="1020-levels-orjson-reads"),
+                pytest.param(_nested(5000, pad=1_100_000), id="5000-levels-past-the-full-check")]
+
+
+@pytest.mark.parametrize("answer", DEEP_ANSWERS)
+async def test_a_buffered_answer_nested_past_a_clients_parser_fails_over(upstreams, proxy, answer):
+    """A reviewer's answers: orjson read the first (1,024 levels), the second was too large to be
+    parsed, so both were relayed and the openai SDK raised RecursionError in the application. Nothing
+    was sent yet: the next target answers, and the deep one counts as failed."""
+    async def deep(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=answer, content_type="application/json")
+
+    bad = await upstreams({"*": deep})
+    good = await upstreams({"/v1/chat/completions": ok_handler("fine")})
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
+                                 {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(**CHAT)
+        assert raw.parse().choices[0].message.content == "fine"
+    finally:
+        await client.close()
+    assert decision_of(dict(raw.headers)).attempt_outcomes() == [("bad", "invalid body"), ("good", "200")]
+    assert p.gateway.state.target(("bad", "m")).breaker.health(p.gateway.clock()).failures == 1
+
+
+@pytest.mark.parametrize("answer", DEEP_ANSWERS)
+async def test_a_lone_target_nesting_past_a_clients_parser_is_a_502_the_sdk_reads(upstreams, proxy, answer):
+    async def deep(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=answer, content_type="application/json")
+
+    bad = await upstreams({"*": deep})
+    p = await proxy(route_config([{"provider": "bad", "model": "m"}], {"bad": openai_provider(bad.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        with pytest.raises(openai.APIStatusError) as raised:
+            await client.chat.completions.create(**CHAT)
+    finally:
+        await client.close()
+    assert raised.value.status_code == 502
+    assert f"nested more than {MAX_CHUNK_DEPTH} levels deep" in raised.value.message, raised.value.message
+
+
+async def test_an_answer_nested_to_the_limit_is_relayed(upstreams, proxy):
+    """512 levels, the limit (what a client's parser reads with room to spare), goes to the client."""
+    answer = _nested(MAX_CHUNK_DEPTH)
+
+    async def deep(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=answer, content_type="application/json")
+
+    up = await upstreams({"*": deep})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    status, _, body = await p.post("/v1/chat/completions", CHAT)
+    assert status == 200 and body == answer
