@@ -9,10 +9,13 @@ catch-up after a long drop reaches back the newest ~25,000 events, not to where 
 warm start's trade-off, ADR 0016: an older open breaker is learnt when it fails here or the fleet
 says it again; older samples are older than the trackers' windows anyway).
 
-Folding costs ~18 µs an event, so the fold pauses a millisecond every ``SLICE_BYTES`` of events
-(~400, ~7 ms): a reconnect's catch-up of 2 MB (~0.5 s of folding) no longer holds requests,
-``/healthz`` or the deadline sweeper for its whole length. The reader's own ``XREAD`` asks for
-``PAGE`` entries too (it asked for 512: after a burst, ~260,000 events in one pass).
+Folding costs ~18 µs an event, so the fold pauses a millisecond every ``SLICE`` events (~7 ms): a
+reconnect's catch-up of 2 MB (~0.5 s of folding) no longer holds requests, ``/healthz`` or the
+deadline sweeper for its whole length. The reader's own ``XREAD`` asks for ``PAGE`` entries too (it
+asked for 512: after a burst, ~260,000 events in one pass), and pauses every ``LIVE_SLICE`` events:
+every member folds its peers' entries of one tick at the same instant, each up to a second of a
+peer's samples, and in one pass they held every member's calls in flight at once (docs/operations.md,
+"The cold start, call by call"). An entry is folded a slice at a time (``fold`` yields after each).
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["PAGE", "SLICE_BYTES", "WARM_BYTES", "WARM_ENTRIES", "fold_in", "tail"]
+__all__ = ["LIVE_SLICE", "PAGE", "SLICE", "WARM_BYTES", "WARM_ENTRIES", "fold_in", "tail"]
 
 WARM_ENTRIES = 5_000  # entries folded at a join at most
 WARM_BYTES = 2_000_000  # and events' bytes (~25,000, ~0.5 s to fold; 5,000 busy ticks' entries were 250 MB)
 PAGE = 50  # entries a read asks for (at most ~2 MB: BATCH events of ~80 bytes each)
-SLICE_BYTES = 32_000  # events' bytes folded between two pauses (~400 events, ~7 ms)
+SLICE = 400  # events folded between two pauses of a warm start or a catch-up (~7 ms)
+LIVE_SLICE = 64  # ... of the reader's live entries (~1 ms): an entry is folded this many events at a time
 PAUSE = 0.001  # a pause, not one turn of the loop: a request's exchange takes several turns, each would wait a slice
 
 Entry = tuple[str, dict[str, str]]
@@ -50,16 +54,19 @@ async def tail(redis: Any, stream: str, after: str) -> list[Entry]:
     return entries
 
 
-async def fold_in(entries: Iterable[Entry], fold: Callable[[str, dict[str, str]], int]) -> int:
-    """``fold`` each entry in order, pausing PAUSE every SLICE_BYTES of events.
-    Returns what the folds return, summed (the events applied)."""
-    applied = size = 0
+async def fold_in(entries: Iterable[Entry], fold: Callable[[str, dict[str, str]], Iterable[tuple[int, int]]],
+                  every: int = SLICE) -> int:
+    """``fold`` each entry in order, one slice at a time (each step yields the events it read and those
+    it applied), pausing PAUSE every ``every`` events, within an entry as between entries.
+    Returns the events applied."""
+    applied = since = 0
     for entry_id, fields in entries:
-        applied += fold(entry_id, fields)
-        size += len(fields.get("e", ""))
-        if size >= SLICE_BYTES:
-            size = 0
-            await asyncio.sleep(PAUSE)
+        for read, done in fold(entry_id, fields):
+            applied += done
+            since += read
+            if since >= every:
+                since = 0
+                await asyncio.sleep(PAUSE)
     return applied
 
 

@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -32,7 +32,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from ..config import Config, StateLink, TargetKey
 from ..state import State
 from ..state.breaker import CLOSED
-from .backlog import PAGE, fold_in, tail
+from .backlog import LIVE_SLICE, PAGE, fold_in, tail
 from .fold import Peers, fold, split
 from .measures import Measures
 from .names import link_name
@@ -335,32 +335,35 @@ class FleetLink:
         while True:
             reply: Any = await reader.xread({self.stream: self.last_id}, block=BLOCK_MS, count=PAGE)
             for _stream, entries in reply or ():
-                await fold_in(entries, self._take)
+                await fold_in(entries, self._take, every=LIVE_SLICE)
             self._changed()  # at least every BLOCK_MS: a member heard, or one gone quiet
             if reply:
                 await asyncio.sleep(READ_GAP)  # a burst of the peers' entries comes in one reply
 
-    def _take(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> int:
-        """Fold one entry read; the next read starts after it."""
+    def _take(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> Iterator[tuple[int, int]]:
+        """Fold one entry, a slice at a time; the next read starts after it (a drop mid-entry loses its rest)."""
         self.last_id = entry_id
-        return self._fold(entry_id, fields, warm)
+        yield from self._fold(entry_id, fields, warm)
 
-    def _fold(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> int:
+    def _fold(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> Iterator[tuple[int, int]]:
+        """A peer's entry, LIVE_SLICE events a step (each step: the events read, those applied here), so
+        the caller can serve the loop between them: an entry holds up to a second of a peer's samples."""
         instance = fields.get("i", "")
         if instance == self.instance:
-            return 0  # our own: applied when it happened
+            return  # our own: applied when it happened
         wires = decode(fields.get("e", "[]"))
-        now = self.clock()
-        offset = now - time.time()  # wall clock to ours, read once per entry, not per event
-        applied = fold(self.state, instance, wires, self.keys_of, now, lambda wall: wall + offset, self.peers,
-                       _told(entry_id, offset, now))
-        if any(wire[0] in ("f", "o") for wire in wires):
-            self.probes.wake()  # a breaker may have opened: its probe claim is looked after from now
-        self.events_in += len(wires)
+        offset = self.clock() - time.time()  # wall clock to ours, read once per entry, not per event
+        for start in range(0, len(wires), LIVE_SLICE):
+            part, now = wires[start:start + LIVE_SLICE], self.clock()
+            applied = fold(self.state, instance, part, self.keys_of, now, lambda wall: wall + offset, self.peers,
+                           _told(entry_id, offset, now))
+            if any(wire[0] in ("f", "o") for wire in part):
+                self.probes.wake()  # a breaker may have opened: its probe claim is looked after from now
+            self.events_in += len(part)
+            yield len(part), applied
         if not warm:
             with contextlib.suppress(ValueError):
                 self.lag = max(0.0, time.time() - int(entry_id.split("-")[0]) / 1000)
-        return applied
 
 
 def _told(entry_id: str, offset: float, now: float) -> float | None:

@@ -756,3 +756,32 @@ async def test_failures_after_the_breaker_opened_wait_for_the_tick(redis_server,
     assert sum(e[0] == "o" for e in sent) == 1
     # the opening, good's first measure (the failovers'), the ticks: not one entry per later failure (7 before)
     assert len(entries) <= elapsed / HEARTBEAT + 3, (len(entries), elapsed)
+
+
+async def test_a_peers_entry_is_folded_a_slice_at_a_time_with_the_loop_served_between(
+        redis_server, upstreams, proxy) -> None:
+    """A tick's entry holds up to a second of a peer's samples (BATCH events), and every member folds
+    its peers' entries of one tick at the same instant. Folded in one pass, an entry held the loop with
+    every call in flight waiting: on cold-start the fleet's calls that ended within 60 ms after the tick
+    read ~3.5 ms slower (docs/operations.md, "The cold start, call by call"). A task that looks at
+    every turn of the loop while the reader folds one entry sees it part-folded (it saw 0, then all)."""
+    p, client, fleet = await fleet_member(redis_server, upstreams, proxy, ok)
+    try:
+        assert p.gateway.fleet is not None
+        ((key, fid),) = p.gateway.fleet.fid_of.items()
+        tracker, seen, stop = p.gateway.state.tracker, set(), asyncio.Event()
+
+        async def look() -> None:
+            while not stop.is_set():
+                seen.add(tracker.samples(key, "buffered"))
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(look())
+        await client.xadd(stream_key(fleet), {"i": "peer", "e": orjson.dumps(
+            [["s", fid, "buffered", 0.05, time.time() - 0.5] for _ in range(BATCH)])})
+        await until(lambda: tracker.samples(key, "buffered") == BATCH, 3.0)
+        stop.set()
+        await watcher
+    finally:
+        await client.aclose()
+    assert seen & set(range(1, BATCH)), sorted(seen)  # a count between none and all: folded in slices
