@@ -115,3 +115,13 @@ def _bounded(value: Any, low: float, high: float) -> float:
     if not math.isfinite(number) or number < low:
         raise ValueError(value)
     return min(number, high)
+
+
+def told_at(entry_id: str, offset: float, now: float) -> float | None:
+    """When an entry was written (its id's milliseconds, Redis's wall clock), on this process's clock and
+    not after ``now``: a failure folded from a warm start or a catch-up is dated then, not when read, so
+    a success the same backlog brings later, taken after it, still resets the count."""
+    try:
+        return min(now, int(entry_id.split("-")[0]) / 1000 + offset)
+    except ValueError:
+        return None

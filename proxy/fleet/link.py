@@ -33,7 +33,7 @@ from ..config import Config, StateLink, TargetKey
 from ..state import State
 from ..state.breaker import CLOSED
 from .backlog import LIVE_SLICE, PAGE, fold_in, tail
-from .fold import Peers, fold, split
+from .fold import Peers, fold, split, told_at
 from .measures import Measures
 from .names import link_name
 from .probes import Probes
@@ -87,6 +87,8 @@ class FleetLink:
         self.redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
         self._beat_now = True  # the next send tells the loads whatever the tick (a join: live at once)
+        self.read_gap = READ_GAP
+        self._hurry = False  # a breaker's news went by: the next read goes at once, without the gap
         self.on_change: Callable[[], None] | None = None  # the members or the link changed: limits re-split
 
     def configure(self, config: Config) -> None:
@@ -292,6 +294,7 @@ class FleetLink:
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: 3.11's wait_for can lose a cancel
                 async with asyncio.timeout(max(0.0, tick - time.time())):
                     await self._urgent.wait()
+                    self._hurry = True  # peers' failures come together: read theirs without the gap
             self._urgent.clear()
             now = time.time()
             if (after := served(now, tick)) is not None:
@@ -337,8 +340,9 @@ class FleetLink:
             for _stream, entries in reply or ():
                 await fold_in(entries, self._take, every=LIVE_SLICE)
             self._changed()  # at least every BLOCK_MS: a member heard, or one gone quiet
-            if reply:
-                await asyncio.sleep(READ_GAP)  # a burst of the peers' entries comes in one reply
+            if reply and not self._hurry:  # a tick's entries come together: the gap reads them in one reply
+                await asyncio.sleep(self.read_gap)
+            self._hurry = False  # a failure, an opening or a cool-down: the next peer's may be on its way
 
     def _take(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> Iterator[tuple[int, int]]:
         """Fold one entry, a slice at a time; the next read starts after it (a drop mid-entry loses its rest)."""
@@ -356,24 +360,16 @@ class FleetLink:
         for start in range(0, len(wires), LIVE_SLICE):
             part, now = wires[start:start + LIVE_SLICE], self.clock()
             applied = fold(self.state, instance, part, self.keys_of, now, lambda wall: wall + offset, self.peers,
-                           _told(entry_id, offset, now))
-            if any(wire[0] in ("f", "o") for wire in part):
+                           told_at(entry_id, offset, now))
+            kinds = {wire[0] for wire in part}
+            if kinds & {"f", "o"}:
                 self.probes.wake()  # a breaker may have opened: its probe claim is looked after from now
+            self._hurry = self._hurry or bool(kinds & URGENT)
             self.events_in += len(part)
             yield len(part), applied
         if not warm:
             with contextlib.suppress(ValueError):
                 self.lag = max(0.0, time.time() - int(entry_id.split("-")[0]) / 1000)
-
-
-def _told(entry_id: str, offset: float, now: float) -> float | None:
-    """When an entry was written (its id's milliseconds, Redis's wall clock), on this process's clock and
-    not after ``now``: a failure folded from a warm start or a catch-up is dated then, not when read, so
-    a success the same backlog brings later, taken after it, still resets the count."""
-    try:
-        return min(now, int(entry_id.split("-")[0]) / 1000 + offset)
-    except ValueError:
-        return None
 
 
 def _next_tick(now: float) -> float:

@@ -113,6 +113,27 @@ async def test_failures_are_counted_fleet_wide_and_the_breaker_spreads(redis_ser
         assert p.gateway.state.health(("bad", "m"), p.gateway.clock()).state == "open"
 
 
+async def test_failures_that_come_together_open_the_breaker_everywhere_before_the_next_round(
+        redis_server, upstreams, proxy) -> None:
+    """Three calls at once, one an instance, all fail: each instance hears the other two at once, so the
+    fleet sends the failing target ``threshold`` calls, not twice that. A reader that had just read an
+    entry waited its gap (20 ms; here 5 s, to make it plain) before the next read, the peers' failures
+    with it: at concurrency 3 `scripts/fleet_drill.py` read 6 failed calls at threshold 3 (goal 5)."""
+    calls, failing = counting(status_handler(503))
+    bad = await upstreams({PATH: failing})
+    good = await upstreams({PATH: ok})
+    fleet = f"t-{uuid.uuid4().hex[:8]}"
+    ps = await fleet_of(3, proxy, fleet_config(redis_server, fleet, {"bad": bad.url, "good": good.url}))
+    for p in ps:
+        p.gateway.fleet.read_gap = 5.0
+    async with aiohttp.ClientSession() as session:
+        assert await asyncio.gather(*(post(session, p) for p in ps)) == [200] * 3
+        await until(lambda: all(p.gateway.state.health(("bad", "m"), p.gateway.clock()).state == "open"
+                                for p in ps), secs=1.0)
+        assert await asyncio.gather(*(post(session, p) for p in ps)) == [200] * 3
+    assert len(calls) == 3
+
+
 async def test_a_breaker_opened_on_one_excludes_on_the_others_within_100ms(redis_server, upstreams, proxy) -> None:
     bad = await upstreams({PATH: status_handler(503)})
     good = await upstreams({PATH: ok})
