@@ -81,6 +81,7 @@ class FleetLink:
         self.events_out = self.events_in = self.drops = self.reconnects = 0
         self.lag = 0.0  # seconds from a peer's entry to its fold, the last one
         self.last_id = "0-0"  # the newest entry read; a reconnect catches up from it
+        self._folded = ("", 0)  # an entry begun and not finished (a drop mid-entry), and its events folded
         self._warmed = asyncio.Event()
         self._urgent = asyncio.Event()  # an event that goes before the tick
         self._task: asyncio.Task[None] | None = None
@@ -345,19 +346,23 @@ class FleetLink:
             self._hurry = False  # a failure, an opening or a cool-down: the next peer's may be on its way
 
     def _take(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> Iterator[tuple[int, int]]:
-        """Fold one entry, a slice at a time; the next read starts after it (a drop mid-entry loses its rest)."""
-        self.last_id = entry_id
-        yield from self._fold(entry_id, fields, warm)
+        """Fold one entry a slice at a time; it is read once whole. A drop mid-entry leaves ``_folded`` saying
+        how far it got, so the catch-up reads it again and folds the rest: not nothing, nor all of it twice."""
+        done = self._folded[1] if self._folded[0] == entry_id else 0
+        for read, applied in self._fold(entry_id, fields, warm, done):
+            self._folded = (entry_id, done := done + read)
+            yield read, applied
+        self.last_id, self._folded = entry_id, ("", 0)
 
-    def _fold(self, entry_id: str, fields: dict[str, str], warm: bool = False) -> Iterator[tuple[int, int]]:
-        """A peer's entry, LIVE_SLICE events a step (each step: the events read, those applied here), so
-        the caller can serve the loop between them: an entry holds up to a second of a peer's samples."""
+    def _fold(self, entry_id: str, fields: dict[str, str], warm: bool, skip: int) -> Iterator[tuple[int, int]]:
+        """A peer's entry past its first ``skip`` events, LIVE_SLICE a step (each: the events read, those applied
+        here), so the caller can serve the loop between them: an entry holds up to a second of a peer's samples."""
         instance = fields.get("i", "")
         if instance == self.instance:
             return  # our own: applied when it happened
         wires = decode(fields.get("e", "[]"))
         offset = self.clock() - time.time()  # wall clock to ours, read once per entry, not per event
-        for start in range(0, len(wires), LIVE_SLICE):
+        for start in range(skip, len(wires), LIVE_SLICE):
             part, now = wires[start:start + LIVE_SLICE], self.clock()
             applied = fold(self.state, instance, part, self.keys_of, now, lambda wall: wall + offset, self.peers,
                            told_at(entry_id, offset, now))
@@ -373,8 +378,7 @@ class FleetLink:
 
 
 def _next_tick(now: float) -> float:
-    """The heartbeat's next tick after ``now`` (wall clock): a multiple of HEARTBEAT, the same for
-    every instance (boxes off by a clock skew batch less well together, nothing worse)."""
+    """The heartbeat's next tick after ``now``: on the wall clock's grid, the same for every instance."""
     return (now // HEARTBEAT + 1) * HEARTBEAT
 
 
