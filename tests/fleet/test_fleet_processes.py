@@ -16,6 +16,7 @@ import aiohttp
 
 from proxy.fleet.link import HEARTBEAT
 
+from ..conftest import until
 from .conftest import PATH, ROOT, Instance, answering, call, config, target
 
 
@@ -153,6 +154,8 @@ async def test_health_and_explain_say_which_instance_saw_what_last(redis_server,
     explained = subprocess.run([sys.executable, "-m", "proxy.cli", "explain", "chat", "--url", a.url],
                                capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert own["by"] == name_a  # a's own event, named as its access log names a
+    # the access log writes what gathered every FLUSH_SECS: explain may answer before a's line is out
+    await until(lambda: f" instance={name_a} " in a.access_log.read_text(), 2.0)
     assert f" instance={name_a} " in a.access_log.read_text()
     assert f"last good: figure buffered sample by {name_b} at " in explained.stdout
     said = explained.stdout.split(f"last bad: breaker opened by {name_a} at ")[1].split()[0]
