@@ -98,8 +98,12 @@ async def test_the_convergence_demo_on_the_shipped_config_rarely_reads_budget_ex
     proxy: Callable[..., Awaitable[Proxy]],
 ) -> None:
     """The README's twenty requests against the shipped routes.yaml, one after another as curl sends
-    them: a `budget exhausted` on most of them (16 of 20 with refresh 0.3 s) looks like a fault."""
+    them: a `budget exhausted` on most of them (16 of 20 with refresh 0.3 s) looks like a fault.
+    The route's generator is seeded (the only change to the shipped file): its random explores (3 %)
+    each read `budget exhausted` while the cold start's advances are repaid (some 30 requests), so
+    unseeded the count is a draw (CI read 3 once; 14 unseeded runs under load here read 0-3)."""
     raw = yaml.safe_load((ROOT / "routes.yaml").read_text())
+    raw["routes"]["chat"]["fastest"]["seed"] = 7
     gateway = await proxy(raw)
     body = orjson.loads(re.search(r"-d '(\{.*\})'", _demo_block()).group(1))  # type: ignore[union-attr]
     refused = 0
