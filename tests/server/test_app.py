@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import aiohttp
@@ -164,14 +165,18 @@ async def test_connection_reset_before_headers_fails_over(raw_upstreams, upstrea
     assert decision_of(headers).attempt_outcomes() == [("bad", "reset"), ("good", "200")]
 
 
-async def test_refused_connection_fails_over(upstreams, proxy, unused_tcp_port):
-    good = await upstreams({"/v1/chat/completions": ok_handler("ok")})
-    p = await proxy(route_config(
-        [{"provider": "gone", "model": "m"}, {"provider": "good", "model": "m"}],
-        {"gone": {"kind": "openai", "base_url": f"http://127.0.0.1:{unused_tcp_port}/v1"},
-         "good": openai_provider(good.url)},
-    ))
-    status, headers, _ = await p.post("/v1/chat/completions", CHAT)
+async def test_refused_connection_fails_over(upstreams, proxy):
+    # a port bound and never listening refuses every connect, and no server the test starts can take it
+    # (a port found free and let go could be the upstream's or the proxy's by the time it is dialled)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        good = await upstreams({"/v1/chat/completions": ok_handler("ok")})
+        p = await proxy(route_config(
+            [{"provider": "gone", "model": "m"}, {"provider": "good", "model": "m"}],
+            {"gone": {"kind": "openai", "base_url": f"http://127.0.0.1:{held.getsockname()[1]}/v1"},
+             "good": openai_provider(good.url)},
+        ))
+        status, headers, _ = await p.post("/v1/chat/completions", CHAT)
     assert status == 200
     assert decision_of(headers).attempt_outcomes() == [("gone", "refused"), ("good", "200")]
 
