@@ -307,23 +307,29 @@ async def test_a_key_in_sse_comments_or_id_lines_of_a_passthrough_stream_reaches
     assert not _leaks(text), text
     assert "\nid:" not in text and "retry:" not in text and ":\n\n" in text, text
 
-
-async def test_an_sse_client_sees_no_key_as_the_last_event_id(upstreams, proxy):
-    """aiohttp-sse-client keeps the last ``id:`` and would send it back as ``Last-Event-ID`` on a
-    reconnect: a key there goes places. None reaches it."""
+async def _sse_events(url: str) -> list[Any]:
+    """The events aiohttp-sse-client reads of a streamed chat call, up to ``[DONE]`` (it keeps the last
+    ``id:`` as ``last_event_id``, which it would send back on a reconnect)."""
     from aiohttp_sse_client.client import EventSource
 
-    handler = answer(_with_asides([_chunk({"role": "assistant"}), _chunk({"content": "hi"}), _chunk({}, "stop"),
-                                   b"data: [DONE]\n\n"]), stream=True)
-    up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
     seen = []
     async with aiohttp.ClientSession() as session, EventSource(
-            p.url + "/v1/chat/completions", option={"method": "POST"}, session=session, max_connect_retry=0,
+            url + "/v1/chat/completions", option={"method": "POST"}, session=session, max_connect_retry=0,
             data=orjson.dumps({**CHAT, "stream": True})) as source:
         async for event in source:
             seen.append(event)
             if event.data == "[DONE]":
                 break
+    return seen
+
+
+async def test_an_sse_client_sees_no_key_as_the_last_event_id(upstreams, proxy):
+    """aiohttp-sse-client keeps the last ``id:`` and would send it back as ``Last-Event-ID`` on a
+    reconnect: a key there goes places. None reaches it."""
+    handler = answer(_with_asides([_chunk({"role": "assistant"}), _chunk({"content": "hi"}), _chunk({}, "stop"),
+                                   b"data: [DONE]\n\n"]), stream=True)
+    up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
+    seen = await _sse_events(p.url)
     await access.close()
     assert [orjson.loads(e.data)["choices"][0]["delta"] for e in seen[:-1]] == [{"role": "assistant"},
                                                                                   {"content": "hi"}, {}]
@@ -393,22 +399,13 @@ async def test_lone_crs_end_lines_for_the_filter_as_they_do_for_the_client(upstr
 async def test_an_sse_client_reads_no_key_from_a_lone_cr_event(upstreams, proxy):
     """aiohttp-sse-client splits lines at LF only (its StreamReader's lines): the lone-CR event was one data
     line to it, the key inside its data. The openai SDK splits as the spec does and read the same words."""
-    from aiohttp_sse_client.client import EventSource
-
     async def handler(request: web.Request) -> web.StreamResponse:
         return await _after_the_first_token(request, [
             _chunk({"role": "assistant"}), _chunk({"content": "hi"}),
             _bare_cr(_chunk({"content": " there"}), _sent(request)), _chunk({}, "stop"), b"data: [DONE]\n\n"])
 
     up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
-    seen = []
-    async with aiohttp.ClientSession() as session, EventSource(
-            p.url + "/v1/chat/completions", option={"method": "POST"}, session=session, max_connect_retry=0,
-            data=orjson.dumps({**CHAT, "stream": True})) as source:
-        async for event in source:
-            seen.append(event)
-            if event.data == "[DONE]":
-                break
+    seen = await _sse_events(p.url)
     assert not any(_leaks(e.data) or _leaks(e.last_event_id) for e in seen), seen
     assert "".join(orjson.loads(e.data)["choices"][0]["delta"].get("content", "") for e in seen[:-1]) == "hi there"
     client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
