@@ -322,6 +322,15 @@ async def _sse_events(url: str) -> list[Any]:
                 break
     return seen
 
+async def _sdk_words(url: str) -> list[str]:
+    """The words the openai SDK reads of a streamed chat call (it splits lines as the SSE spec does)."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    try:
+        stream = await client.chat.completions.create(**CHAT, stream=True)
+        return [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+    finally:
+        await client.close()
+
 
 async def test_an_sse_client_sees_no_key_as_the_last_event_id(upstreams, proxy):
     """aiohttp-sse-client keeps the last ``id:`` and would send it back as ``Last-Event-ID`` on a
@@ -408,12 +417,7 @@ async def test_an_sse_client_reads_no_key_from_a_lone_cr_event(upstreams, proxy)
     seen = await _sse_events(p.url)
     assert not any(_leaks(e.data) or _leaks(e.last_event_id) for e in seen), seen
     assert "".join(orjson.loads(e.data)["choices"][0]["delta"].get("content", "") for e in seen[:-1]) == "hi there"
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        stream = await client.chat.completions.create(**CHAT, stream=True)
-        words = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
-    finally:
-        await client.close()
+    words = await _sdk_words(p.url)
     await access.close()
     assert "".join(words) == "hi there"
 
@@ -427,11 +431,6 @@ async def test_a_stream_framed_by_lone_crs_alone_is_answered(upstreams, proxy):
         return await _after_the_first_token(request, [event.replace(b"\n", b"\r") for event in events])
 
     up, p, access, _ = await _gateway(upstreams, proxy, "openai", {}, "/v1/chat/completions", handler)
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        stream = await client.chat.completions.create(**CHAT, stream=True)
-        words = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
-    finally:
-        await client.close()
+    words = await _sdk_words(p.url)
     await access.close()
     assert "".join(words) == "hi there"
