@@ -100,6 +100,8 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):  # valid as far as orjson read it: 1,024 levels deep
+            raise _too_deep() from None
         raise ClientError(
             400, f"Request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
@@ -107,8 +109,7 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
         raise ClientError(400, "Request body must be a JSON object.", code="invalid_json")
     if brackets > MAX_JSON_DEPTH and (structure_deeper_than(structure, MAX_JSON_DEPTH) if structure is not None
                                       else deeper_than(body, MAX_JSON_DEPTH)):
-        raise ClientError(400, f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels.",
-                          code="invalid_json")
+        raise _too_deep()
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ClientError(400, f"'model' must be a string naming a route or provider/upstream-model, got "
@@ -133,6 +134,10 @@ def parse_call(op: str, raw: bytes, beta: str | None = None) -> tuple[Call, str]
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return Call(op, body, stream, wants_usage, beta), model
+
+
+def _too_deep() -> ClientError:
+    return ClientError(400, f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json")
 
 
 def _structure(raw: bytes) -> bytes:

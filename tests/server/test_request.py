@@ -114,6 +114,18 @@ async def test_a_body_of_many_brackets_is_read_for_depth_by_its_bytes(gateway, t
         assert got == 200, body
 
 
+async def test_a_body_nested_past_the_parsers_own_limit_is_told_as_too_deep_not_as_invalid(gateway):
+    """A reviewer's body: valid JSON 2,000 levels deep. orjson stops at 1,024 and the client read "Request body
+    is not valid JSON: depth limit exceeded: line 1 column 1093" for a body that is valid; it is the same
+    400 a body 200 levels deep gets, naming the gateway's limit."""
+    up, p = gateway
+    raw = orjson.dumps(CHAT)[:-1] + b', "tools": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    got, _, body = await p.post("/v1/chat/completions", raw)
+    message = str(assert_openai_error(got, body, 400, "invalid_json")["message"])
+    assert message == f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels.", message
+    assert up.calls == []
+
+
 async def test_a_request_with_many_brackets_but_shallow_passes(gateway):
     up, p = gateway
     tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object",
