@@ -25,7 +25,7 @@ import orjson
 from . import __version__
 from .config import Config, Route, Simulate, load_config, split_listen
 from .config.document import read_yaml
-from .config.fields import default
+from .config.fields import default, listen_problem
 from .errors import ConfigError
 from .routing.eligibility import hard_reason
 
@@ -128,6 +128,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.worker is not None and PARENT_ENV in os.environ:
         follow_parent(int(os.environ[PARENT_ENV]))
+    if args.listen is not None and (problem := listen_problem(args.listen)) is not None:
+        raise CliError(f"firstbyte serve: --listen: {problem}")
     config = _load(args)
     if config is None:
         return 1

@@ -24,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from .errors import StreamError
+from .providers.base import StreamTranslator
 from .scrub import Scrubber
 from .translate.sse import SHAPE_ERRORS, WRONG_TYPES
 from .upstream.transport import UPSTREAM_ERRORS, break_of
@@ -95,7 +96,7 @@ async def relay_stream(request: web.Request, lease: Lease, status: int, headers:
                 break
             ended = not data
             try:
-                data = translator.finish() if ended else translator.feed(data)
+                data = _end_of_body(translator) if ended else translator.feed(data)
             except Exception as exc:
                 broken, data = exc, exc.partial if isinstance(exc, StreamError) else b""
         if failure is None and not translator.done:
@@ -140,6 +141,14 @@ async def _fail(response: web.StreamResponse, lease: Lease, failure: str, tail: 
     await response.write(event)
     meter.sent += len(event)
     return failure
+
+
+def _end_of_body(translator: StreamTranslator) -> bytes:
+    """What the translator still holds when the upstream's body ends. An empty read first: a CR its framer
+    held for an LF that may follow ends its line now (``EventFramer``), so a stream framed by lone CRs,
+    whose end marker's blank line is the body's last byte, ends at its end marker and not as a cut."""
+    data = translator.feed(b"")
+    return data if translator.done else data + translator.finish()
 
 
 def _broken(exc: Exception, lease: Lease) -> str:

@@ -61,6 +61,7 @@ class Service:
         self.config_path = config_path
         self.listen = listen or config.listen
         self.hub = Hub(config)
+        self.started = config  # what the keys a reload cannot change (listen, state, ...) still say
         self.gateway = Gateway(config, observers=self.hub.observers)
         self.gateway.box = box  # a worker: its own SO_REUSEPORT socket, its share of connections.max
         self.notifier = Notifier()
@@ -91,10 +92,10 @@ class Service:
 
     async def _adopt(self, config: Config) -> bool:
         """Swap in a loaded config; when that fails midway, put the running one back."""
-        old = self.gateway.config
-        fixed = {"listen": (config.listen, old.listen), "ops_listen": (config.ops_listen, old.ops_listen),
-                 "shutdown_grace": (config.shutdown_grace, old.shutdown_grace),
-                 "connections": (config.connections, old.connections), "state": (config.state, old.state)}
+        old, runs = self.gateway.config, self.started
+        fixed = {"listen": (config.listen, runs.listen), "ops_listen": (config.ops_listen, runs.ops_listen),
+                 "shutdown_grace": (config.shutdown_grace, runs.shutdown_grace),
+                 "connections": (config.connections, runs.connections), "state": (config.state, runs.state)}
         try:
             self.gateway.apply(config)
             await self.hub.reconfigure(config, self.gateway.outbox)

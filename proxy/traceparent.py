@@ -13,6 +13,7 @@ one, a new trace is started with probability ``tracing.sample``; a request left 
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ __all__ = ["TraceContext", "begin", "parse_traceparent"]
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 _TRACESTATE = re.compile(r"^[\x20-\x7e]{1,512}$")
 _ids = random.Random()  # ids need to be unique, not secret (as request ids)
+# A worker forked from the supervisor (forked.py) draws its own: the sequence was each worker's alike.
+os.register_at_fork(after_in_child=_ids.seed)
 
 
 def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:

@@ -211,3 +211,23 @@ def test_check_warns_when_workers_outnumber_a_providers_max_concurrent(tmp_path:
         f"{workers - limit} of them gets no place, so their calls to up fail over at once (503 busy when the "
         f"route has no other target) while the upstream may idle; set max_concurrent to at least {workers} "
         f"(the fleet's whole limit, split: docs/adr/0016), or workers to at most {limit}"]
+
+
+@pytest.mark.parametrize("listen", [
+    pytest.param("nonsense", id="no-port"),
+    pytest.param("127.0.0.1:", id="empty-port"),
+    pytest.param("[::1]:abc", id="word-port"),
+    pytest.param("127.0.0.1:99999", id="past-65535"),
+])
+def test_a_bad_listen_is_one_line_naming_it(tmp_path: Path, listen: str) -> None:
+    """A reviewer's ``--listen``: a word was a traceback (``int()`` of it), and a port past 65535 was taken
+    modulo 65536 (99999 listened on 34463 while the log said 99999); the file's ``listen`` let 99999 by too.
+    Both are refused with the value, as the file's other problems are."""
+    config = tmp_path / "routes.yaml"
+    config.write_text("providers: {sim: {kind: simulated}}\nroutes: {chat: {targets: [{provider: sim, model: s}]}}\n")
+    run = firstbyte("--log-level", "error", "serve", "--config", str(config), "--listen", listen)
+    assert one_line_error(run) == f"firstbyte serve: --listen: expected HOST:PORT (a port up to 65535), got {listen!r}"
+    config.write_text(f"listen: {listen!r}\n" + config.read_text())
+    checked = firstbyte("check", "--config", str(config))
+    assert checked.returncode == 1
+    assert f"listen: expected HOST:PORT (a port up to 65535), got {listen!r}" in checked.stderr, checked.stderr

@@ -464,3 +464,23 @@ async def test_the_ops_listener_answers_reach_the_access_log(service: Running, t
     assert [(line["path"], line["status"], line["error"]) for line in lines[:3]] == [
         ("/v1/health", 200, None), ("/v1/routes/chat/explain", 200, None), ("/nope", 404, "http_404")]
     assert [(line["status"], line["error"]) for line in lines[3:]] == [(400, "http_400")]  # aiohttp's path: "/"
+
+
+async def test_a_restart_only_key_is_warned_against_what_runs_not_the_last_file(service: Running, tmp_path: Path,
+                                                                                 unused_tcp_port_factory: Any) -> None:
+    """A reviewer's reloads: ``listen`` moved (warned: it takes effect on restart), then moved back to the
+    address the process listens on, which was warned again as a change; a third reload of the moved file
+    said nothing, though it still was not in effect. The warning compares the file with what runs."""
+    async def reload(config: dict[str, Any]) -> None:
+        service.config.write_text(yaml.safe_dump(config))
+        service.messages.clear()
+        service.proc.send_signal(signal.SIGHUP)
+        await service.wait_for("RELOADING=1")
+        await service.wait_for("READY=1")
+
+    moved = base_config(unused_tcp_port_factory(), service.ports[1], tmp_path)
+    for config in (moved, base_config(*service.ports, tmp_path), moved):
+        await reload(config)
+    log = (tmp_path / "stderr.log").read_text()
+    assert log.count("reloaded ") == 3, log
+    assert log.count("listen changed: takes effect on restart") == 2, log

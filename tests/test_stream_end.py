@@ -24,6 +24,7 @@ from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe.accesslog import AccessLog
 from proxy.upstream.http1 import QUIET
 
+from .anthropic_fakes import text_events
 from .conftest import chunk_event, openai_provider, route_config, sse
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -209,3 +210,51 @@ async def test_a_close_delimited_stream_cut_mid_answer_is_told_as_a_cut(raw_upst
     last = orjson.loads(body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))
     assert last["error"]["code"] == "stream_interrupted", body
     assert p.gateway.state.target(KEY).breaker.failures == 1
+
+
+def _framed_by_lone_crs(events: list[bytes]):  # type: ignore[no-untyped-def]
+    """An upstream whose every line ends with a lone CR (the SSE spec's "CRLF, LF or CR"), an event a
+    read: its end marker's blank line is the body's last byte."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event.replace(b"\n", b"\r"))
+            await asyncio.sleep(0.01)
+        await response.write_eof()
+        return response
+
+    return handle
+
+
+_LONE_CR_ENDS = [
+    pytest.param("/v1/chat/completions", CHAT, "openai",
+                 [chunk_event("one"), chunk_event(" two"), b"data: [DONE]\n\n"], id="chat-done"),
+    pytest.param("/v1/messages", {**CHAT, "max_tokens": 20}, "anthropic",
+                 text_events(["one", " two"]), id="messages-message-stop"),
+    pytest.param("/v1/messages", {**CHAT, "max_tokens": 20}, "openai",
+                 [chunk_event("one"), chunk_event(" two"), b"data: [DONE]\n\n"], id="messages-from-chat-done"),
+    pytest.param("/v1/responses", {"model": "chat", "input": "hi", "stream": True}, "openai",
+                 [chunk_event("one"), chunk_event(" two"), b"data: [DONE]\n\n"], id="responses-from-chat-done"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "kind", "events"), _LONE_CR_ENDS)
+async def test_a_lone_cr_stream_whose_end_marker_ends_the_body_is_whole(upstreams, proxy, path, body, kind, events):
+    """A reviewer's stream framed by lone CRs: the end marker's last CR is the body's last byte, held by the
+    framer for an LF that never came, so the relay found no end marker, ended the client's stream with a
+    stream_interrupted event after ``[DONE]`` and counted a failure against a healthy target (three opened
+    its breaker). A CR that ends the body ends its line, as the first-token gate reads it."""
+    lines = io.StringIO()
+    access = AccessLog(AccessLogConfig(format="json"), stream=lines)
+    upstream_path = "/v1/messages" if kind == "anthropic" else "/v1/chat/completions"
+    up = await upstreams({upstream_path: _framed_by_lone_crs(events)})
+    provider = {"kind": kind, "base_url": up.url + "/v1"}
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": provider}), observers=[access])
+    async with aiohttp.ClientSession() as session, session.post(p.url + path, json=body) as resp:
+        wire = await asyncio.wait_for(resp.read(), 5)
+    await released(p)
+    await access.close()
+    assert b"stream_interrupted" not in wire and b"one" in wire, wire
+    assert orjson.loads(lines.getvalue())["error"] is None, lines.getvalue()
+    blameless(p)

@@ -8,12 +8,14 @@ by :func:`section`, with the defaults of the dataclass it builds.
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 from typing import Any, NamedTuple, TypeVar
 
 from yarl import URL
 
-__all__ = ["Flag", "Num", "Reader", "Text", "default", "fill", "key_of", "parsed_url", "section", "show"]
+__all__ = ["Flag", "Num", "Reader", "Text", "default", "fill", "key_of", "listen_problem", "parsed_url", "section",
+           "show"]
 
 T = TypeVar("T")
 
@@ -34,6 +36,18 @@ def parsed_url(url: str) -> URL | str:
     except ValueError as exc:
         return f"is not a URL ({exc})"
     return parsed if parsed.host else "has no host"
+
+
+_LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):(\d{1,5})$")
+
+
+def listen_problem(value: str) -> str | None:
+    """What makes ``value`` no HOST:PORT to listen on (the file's ``listen``, ``serve --listen``), or None.
+    A port past 65535 is one: the socket took it modulo 65536 (99999 listened on 34463)."""
+    match = _LISTEN.match(value)
+    if match is None or int(match.group(2)) > 65535:
+        return f"expected HOST:PORT (a port up to 65535), got {show(value)}"
+    return None
 
 
 def key_of(value: Any) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ConfigError
 from .credentials import HEADER_SAFE, provider_key
 from .document import read_yaml
-from .fields import Flag, Num, Reader, Spec, Text, default, fill, key_of, parsed_url, section, show
+from .fields import Flag, Num, Reader, Spec, Text, default, fill, key_of, listen_problem, parsed_url, section, show
 from .model import (
     DEFAULT_STRATEGY,
     KINDS,
@@ -49,7 +49,6 @@ __all__ = ["load_config", "parse_config"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._:/@+\-]+$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
-_LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):\d{1,5}$")
 _CREDENTIALS = ("authorization", "x-api-key", "api-key", "proxy-authorization", "cookie")
 # Headers a provider's `headers:` may not set: credentials (secrets never sit in the file: use
 # api_key_env) and the ones firstbyte writes itself.
@@ -345,8 +344,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str = "
     listen = r.string(data, "listen", "(top)", default(Config, "listen"))
     ops_listen = r.string(data, "ops_listen", "(top)", default(Config, "ops_listen"))
     for key, value in (("listen", listen), ("ops_listen", ops_listen)):
-        if value is not None and not _LISTEN.match(value):
-            r.problem(key, f"expected HOST:PORT, got {show(value)}")
+        if value is not None and (problem := listen_problem(value)) is not None:
+            r.problem(key, problem)
     providers: dict[str, Provider] = {}
     for pname, praw in _named(r, data, "providers", "provider").items():
         provider = _provider(r, key_of(pname), praw, env, base)

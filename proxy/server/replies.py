@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import time
@@ -24,6 +25,8 @@ JSON = "application/json"
 
 
 _ids = random.Random()  # seeded from os.urandom once; ids need to be unique, not secret
+# A worker forked from the supervisor (forked.py) draws its own: the sequence was each worker's alike.
+os.register_at_fork(after_in_child=_ids.seed)
 
 
 def new_id() -> str:

@@ -14,6 +14,7 @@ table maps both halves.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any
@@ -45,6 +46,8 @@ class ResponsesStreamError(StreamError):
 
 
 _ids = random.Random()  # seeded from os.urandom once; ids need to be unique, not secret
+# A worker forked from the supervisor (forked.py) draws its own: the sequence was each worker's alike.
+os.register_at_fork(after_in_child=_ids.seed)
 
 
 def error_payload(message: str) -> Json:

@@ -183,7 +183,8 @@ class EventFramer:
         self._tail = b""  # the last two bytes held: a boundary may straddle two reads
 
     def complete(self, data: bytes) -> bytes:
-        """The complete events ``data`` finishes (the prefix up to the last blank line)."""
+        """The complete events ``data`` finishes (the prefix up to the last blank line). An empty ``data``
+        is the body's end: a CR held for an LF that may follow ends its line then."""
         if 13 in data or (self.pending and self.pending[-1].endswith(b"\r")):  # an int: memchr, no TypeError
             data = self._lone_crs(data)
         if not self.pending:

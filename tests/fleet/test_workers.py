@@ -239,3 +239,27 @@ async def test_the_access_log_and_the_ledger_take_every_workers_lines_whole(redi
     import sqlite3
     with contextlib.closing(sqlite3.connect(ledger)) as db:
         assert db.execute("SELECT count(*) FROM decisions").fetchone()[0] == 200
+
+
+async def test_every_worker_draws_its_own_request_and_response_ids(redis_server, upstreams, boxes) -> None:
+    """A reviewer's box: two workers gave two requests the same id (``x-request-id``, the access log's and
+    the ledger's key). Workers are forked from the supervisor, which had imported the modules whose id
+    generators were seeded at import: each worker drew the same sequence (and so the same trace ids and
+    Responses ids). Each is seeded afresh in a forked child now."""
+    _, ok = answering()
+    box = await boxes(box_config(redis_server, {"up": (await upstreams({PATH: ok})).url}))
+    request_ids, response_ids = [], []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        for _ in range(10):  # each on a new connection: both workers among them
+            async with session.post(box.url + PATH, json={"model": "chat", "messages": [
+                    {"role": "user", "content": "hi"}]}) as resp:
+                assert resp.status == 200
+                request_ids.append(resp.headers["x-request-id"])
+            async with session.post(box.url + "/v1/responses", json={"model": "chat", "input": "hi"}) as resp:
+                assert resp.status == 200
+                response_ids.append((await resp.json())["id"])
+    await asyncio.sleep(0.5)  # the access log's lines are written
+    served = [ln for ln in box.access_log.read_text().splitlines() if " path=/v1/" in ln]
+    assert len({re.search(r" instance=(\S+) ", ln).group(1) for ln in served}) == 2  # type: ignore[union-attr]
+    assert len(set(request_ids)) == len(request_ids), request_ids
+    assert len(set(response_ids)) == len(response_ids), response_ids
