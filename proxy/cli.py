@@ -34,10 +34,10 @@ class CliError(Exception):
     """A command that cannot go on: its message is the one line the user sees."""
 
 
-def _cannot_listen(command: str, listen: str, exc: OSError) -> CliError:
+def _cannot_listen(command: str, listen: str, exc: OSError, flag: str) -> CliError:
     if exc.errno == errno.EADDRINUSE or "address already in use" in str(exc).lower():
         return CliError(f"firstbyte {command}: cannot listen on {listen}: the address is already in use "
-                        "(another firstbyte? pick another with --listen/--port)")
+                        f"(another firstbyte? pick another with {flag})")
     if exc.errno == errno.EACCES:
         return CliError(f"firstbyte {command}: cannot listen on {listen}: permission denied "
                         "(ports below 1024 need privileges)")
@@ -144,7 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return asyncio.run(Supervisor(args.config, config, args.listen, workers, args.log_level).serve())
         return run(main)
     except OSError as exc:
-        raise _cannot_listen("serve", args.listen or config.listen, exc) from None
+        raise _cannot_listen("serve", args.listen or config.listen, exc, "--listen or the file's listen") from None
 
 
 def _mode_cells(figures: dict[str, Any]) -> list[str]:
@@ -266,7 +266,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         return run(lambda: serve_simulator(args))  # uvloop, like serve: benchmarks share its cost
     except OSError as exc:
-        raise _cannot_listen("simulate", f"{args.host}:{args.port}", exc) from None
+        raise _cannot_listen("simulate", f"{args.host}:{args.port}", exc, "--port") from None
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:

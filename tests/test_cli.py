@@ -65,7 +65,7 @@ def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
         run = firstbyte("--log-level", "error", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}")
     line = one_line_error(run)
     assert line == (f"firstbyte serve: cannot listen on 127.0.0.1:{port}: the address is already in use "
-                    "(another firstbyte? pick another with --listen/--port)")
+                    "(another firstbyte? pick another with --listen or the file's listen)")
 
 
 def test_a_busy_port_for_simulate_is_one_line() -> None:
@@ -74,7 +74,7 @@ def test_a_busy_port_for_simulate_is_one_line() -> None:
         held.listen()
         port = held.getsockname()[1]
         run = firstbyte("--log-level", "error", "simulate", "--port", str(port))
-    assert "already in use" in one_line_error(run)
+    assert one_line_error(run).endswith("already in use (another firstbyte? pick another with --port)")
 
 
 def test_a_missing_ledger_is_one_line(tmp_path: Path) -> None:

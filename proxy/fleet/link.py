@@ -392,7 +392,7 @@ def _why(exc: BaseException, settings: StateLink) -> str:
     """One line a person can act on, never the password."""
     if isinstance(exc, AuthenticationError) or (isinstance(exc, ResponseError) and "NOAUTH" in str(exc)):
         where = f"${settings.password_env}" if settings.password_env else "no password (state.password_env unset)"
-        return f"Redis refused the password ({where}): {exc}"
+        return f"Redis refused the password ({where}): {str(exc).rstrip('.')}"
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return f"Redis at {settings.redis} did not answer within {TIMEOUT}s"
     if isinstance(exc, RedisError | OSError):

@@ -205,6 +205,7 @@ async def test_a_wrong_password_starts_alone_and_says_why(redis_server, upstream
     assert p.gateway.fleet is not None and not p.gateway.fleet.connected
     status = (await p.get("/v1/health"))[1]["fleet"]
     assert status["state"] == "alone" and "$FLEET_PASSWORD" in status["reason"] and "not-it" not in status["reason"]
+    assert ".;" not in status["reason"] and not status["reason"].endswith("."), status["reason"]  # goes on after it
     async with aiohttp.ClientSession() as session:
         assert await post(session, p) == 200
 
