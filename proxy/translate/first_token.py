@@ -21,9 +21,10 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from ..bounds import MAX_ANSWER_CONTAINERS, MAX_EVENT_CONTAINERS, containers_past
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
-from .chunk_types import SUSPECT, TOO_DEEP, chunk_problem, nested_too_deep, text_problem
+from .chunk_types import MANY_BYTES, SUSPECT, TOO_DEEP, chunk_problem, nested_too_deep, text_problem, too_many
 from .sse import Event, data_of, event_end, fields, lone_crs, opened
 
 __all__ = [
@@ -86,6 +87,8 @@ class FirstToken:
 
     __slots__ = ("_buf", "_events", "_start", "failure", "held")
 
+    containers = MAX_EVENT_CONTAINERS  # objects and arrays an event may hold before it is parsed (bounds.py)
+
     def __init__(self) -> None:
         self._buf: bytearray | None = None  # everything fed so far, once a read left it undecided
         self._start = 0  # where the incomplete event at its end begins
@@ -111,7 +114,7 @@ class FirstToken:
                 # or text escaped as ASCII) sends the event to the parse below, once per stream.
                 self.held = data
                 return True
-            if end > 0 and data.find(b"\n", 0, end) < 0:
+            if 0 < end <= MANY_BYTES and data.find(b"\n", 0, end) < 0:  # longer: counted first (_event)
                 try:
                     payload = orjson.loads(data[6:end])
                 except orjson.JSONDecodeError:
@@ -187,6 +190,9 @@ class FirstToken:
             return None  # a comment or keep-alive
         if raw.strip() == b"[DONE]":
             return _EMPTY
+        many = containers_past(raw, self.containers)  # before the parse: orjson took ~0.5 s to build 5M
+        if many:
+            return Ended("malformed stream", too_many(many, self.containers), raw[:SAMPLE])
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -296,6 +302,7 @@ class ResponsesFirstToken(FirstToken):
     call's item, or ``response.completed`` commits. ``response.failed`` and ``error`` are failures."""
 
     __slots__ = ()
+    containers = MAX_ANSWER_CONTAINERS  # response.completed carries the whole answer, its logprobs too
 
     def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         kind = payload.get("type")
@@ -340,8 +347,8 @@ def error_of(payload: dict[str, Any]) -> tuple[int | None, str, str] | None:
 def error_in_body(body: bytes) -> UpstreamError | None:
     """A buffered 2xx whose JSON body is an error object, not an answer."""
     # An answer has no such key or value (quotes in text are escaped); find, not `in` (usage_taps.py says why).
-    if body.find(b'"error"') < 0:
-        return None
+    if body.find(b'"error"') < 0 or containers_past(body, MAX_ANSWER_CONTAINERS):
+        return None  # (too many containers to parse: answer.buffered_answer refuses it, unparsed)
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:

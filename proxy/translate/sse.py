@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from ..bounds import MAX_EVENT_BYTES
+from ..bounds import MAX_EVENT_BYTES, MAX_EVENT_CONTAINERS, containers_past
 from ..errors import StreamError, StreamTooLarge
 from ..memory import trim
-from .chunk_types import chunk_problem
+from .chunk_types import MANY_BYTES, chunk_problem, too_many
 
 __all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
            "JsonEventFeed", "Opening", "SseDecoder", "data_frame", "data_of", "event_around",
@@ -319,6 +319,8 @@ class JsonEventFeed:
                     if self.ends_on_done and raw.strip() == b"[DONE]":
                         out += self._on_done()
                         continue
+                    if len(raw) > MANY_BYTES and (many := containers_past(raw, MAX_EVENT_CONTAINERS)):
+                        raise self.stream_error(too_many(many), INVALID_STREAM)  # unparsed: bounds.py
                     try:
                         event = orjson.loads(raw)
                     except orjson.JSONDecodeError as exc:
