@@ -493,3 +493,35 @@ async def test_a_client_reading_slowly_is_not_cut_by_the_send_timeout(upstreams,
     writer.close()
     assert p.guards[0].closed["send_timeout"] == 0
     assert received > 200_000
+
+
+@pytest.mark.parametrize("reads", [
+    pytest.param([b"\xef\xbb\xbf" + chunk_event("one")], id="with-the-first-event"),
+    pytest.param([b"\xef\xbb\xbf", chunk_event("one")], id="alone-then-the-event"),
+    pytest.param([b"\xef", b"\xbb", b"\xbf" + chunk_event("one")], id="a-byte-a-read"),
+    pytest.param([b"\xef\xbb", b"\xbf" + chunk_event("one")[:9], chunk_event("one")[9:]], id="cut-mid-event-too"),
+])
+async def test_a_bom_at_the_streams_start_keeps_its_first_token(upstreams, proxy, reads):
+    """A reviewer's upstream began its stream with UTF-8's byte-order mark, which the SSE spec (WHATWG) ignores
+    once at the start: the first event was dropped silently (its first line read as no data line), so the openai
+    SDK got "two" for "one two". Its three bytes may arrive in reads of their own."""
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for read in reads:
+            await response.write(read)
+            await asyncio.sleep(0.02)  # a read of its own
+        await response.write(chunk_event(" two") + chunk_event("", "stop") + b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    up = await upstreams({"*": stream})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        words = [chunk.choices[0].delta.content async for chunk in await client.chat.completions.create(
+            **CHAT, stream=True) if chunk.choices]
+    finally:
+        await client.close()
+    assert "".join(w or "" for w in words) == "one two"
+    assert p.gateway.state.success_share(("up", "m")) == 1.0

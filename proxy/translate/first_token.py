@@ -25,7 +25,7 @@ from ..bounds import MAX_ANSWER_CONTAINERS, MAX_EVENT_CONTAINERS, containers_pas
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
 from .chunk_types import MANY_BYTES, SUSPECT, TOO_DEEP, chunk_problem, nested_too_deep, text_problem, too_many
-from .sse import Event, data_of, event_end, fields, lone_crs, opened
+from .sse import BOM, Event, data_of, event_end, fields, lone_crs, opened, without_bom
 
 __all__ = [
     "MAX_OPENING",
@@ -85,11 +85,12 @@ class FirstToken:
     drip-fed opening costs its length, not its length squared, and a large one
     is held once."""
 
-    __slots__ = ("_buf", "_events", "_start", "failure", "held")
+    __slots__ = ("_buf", "_events", "_head", "_start", "failure", "held")
 
     containers = MAX_EVENT_CONTAINERS  # objects and arrays an event may hold before it is parsed (bounds.py)
 
     def __init__(self) -> None:
+        self._head: bytes | None = b""  # the stream's first bytes while they may begin a BOM; None after
         self._buf: bytearray | None = None  # everything fed so far, once a read left it undecided
         self._start = 0  # where the incomplete event at its end begins
         self._events: list[Event] = []  # what was decoded on the way, handed on with ``held``
@@ -99,6 +100,14 @@ class FirstToken:
     compact_content = False  # OpenAI chat chunks only: a compact non-empty "content" string is a token
 
     def feed(self, data: bytes) -> bool:
+        head = self._head
+        if head is not None:  # the stream's start: one BOM there is not part of its first line (sse.without_bom)
+            if head or data.startswith(BOM[:1]):
+                data, self._head = without_bom(head, data)
+                if self._head is not None:
+                    return False  # a BOM's first bytes, maybe: the next read says
+            else:
+                self._head = None
         if 13 in data or (self._buf is not None and self._buf.endswith(b"\r")):  # an int: memchr
             data = self._lone_crs(data)
         if self.compact_content and self._buf is None and data.startswith(b"data: {"):
@@ -175,7 +184,11 @@ class FirstToken:
 
     def end(self) -> bool:
         """The upstream's body ended without a first token; or it ended with a CR, which ends its line
-        (an event framed by CRs is whole at it): the opening is read once more with it."""
+        (an event framed by CRs is whole at it): the opening is read once more with it. So are a BOM's
+        first bytes that no BOM followed."""
+        head, self._head = self._head, None
+        if head and self.feed(head):
+            return True
         held = self._buf
         if held is not None and held.endswith(b"\r"):
             held[-1] = 0x0A
