@@ -104,7 +104,8 @@ async def measure(url: str, path: str, stream: bool, asks: int) -> tuple[float, 
             await asyncio.sleep(0.2)
             async with session.post(url + path, json=body) as resp:
                 got = await resp.read()
-                seen.append(f"{resp.status} {len(got):,} B{' error event' if stream and b'error' in got[-600:] else ''}")
+                ended = " error event" if stream and b"error" in got[-600:] else ""
+                seen.append(f"{resp.status} {len(got):,} B{ended}")
     await asyncio.sleep(0.2)
     stop.set()
     await task
