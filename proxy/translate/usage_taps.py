@@ -229,13 +229,15 @@ def raise_on_many(block: bytes, error: type[StreamError], limit: int = MAX_EVENT
     """An event with more objects and arrays than ``limit`` ends the stream unparsed, as one nested too deep
     does: orjson held the loop ~0.5 s building 5M empty arrays (one 15 MB event), per event. Called before
     anything parses the block's events. Only an event longer than twice ``limit`` can be one; found as
-    ``raise_on_deep`` finds long events, then counted from its bytes (``bounds.containers_past``)."""
+    ``raise_on_deep`` finds long events, then counted from its bytes (``bounds.containers_past``), the whole
+    event's: after ``answer_lines`` its other lines (``data:``, a plain ``event:`` name) hold no bracket or
+    quote, so the count is its data's, without copying the data out (15 MB: 16 ms)."""
     reach = 2 * limit
     if not _may_hold_longer(block, reach):
         return
     events = split_events(block)
     for i, event in enumerate(events):
-        if len(event) > reach and (many := containers_past(data_of(event), limit)):
+        if len(event) > reach and (many := containers_past(event, limit)):
             exc = error(too_many(many, limit), INVALID_STREAM)
             exc.partial = b"".join(events[:i])
             raise exc
