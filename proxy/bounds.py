@@ -12,15 +12,18 @@ from itertools import accumulate
 from typing import Any
 
 __all__ = [
+    "MAX_ANSWER_CONTAINERS",
     "MAX_BODY_CONTAINERS",
     "MAX_CHUNK_DEPTH",
     "MAX_EVENT_BYTES",
+    "MAX_EVENT_CONTAINERS",
     "MAX_JSON_DEPTH",
     "MAX_MODEL_CHARS",
     "MAX_YAML_DEPTH",
     "MAX_YAML_NODES",
     "WALK_BYTES_PER_BRACKET",
     "YIELD_EVERY",
+    "containers_past",
     "deeper_than",
     "json_deeper_than",
     "json_structure",
@@ -58,6 +61,17 @@ MAX_BODY_CONTAINERS = 100_000
 # an error event (usage_taps.py). Nesting needs a bracket to open and one to close each level, so an event
 # shorter than twice this cannot be this deep: a token-paced stream's every read is exonerated by its length.
 MAX_CHUNK_DEPTH = 512
+
+# JSON objects and arrays in what an upstream answers, counted from the bytes before anything parses them
+# (``containers_past``): orjson built 5M empty arrays (15 MB of ``[],``, one event under MAX_EVENT_BYTES) in
+# ~0.5 s on the loop, per event. Past the cap is treated as nesting past MAX_CHUNK_DEPTH is: ``invalid body``, a
+# failover before the first token, the stream's error event after it. One streamed event (a token's delta with
+# its top logprobs) holds a few dozen to a few hundred; 20,000 parse in ~0.5 ms (scripts/answer_hold.py), and
+# stay under the collector's first threshold (service.GC_THRESHOLDS), so one event's parse sets off no collection.
+# A buffered answer with logprobs holds 170k-700k (about 32 bytes each: a 700k answer is ~22 MB); 1M empty
+# arrays parse in ~70 ms. A Responses stream's closing events carry the whole answer: they get the answer's cap.
+MAX_EVENT_CONTAINERS = 20_000
+MAX_ANSWER_CONTAINERS = 1_000_000
 
 # A client's ``model`` when it is not a route name (a pin names provider/upstream-model): it goes
 # into x-route-decision and the access log, so it is bounded in length and character set.
@@ -126,6 +140,19 @@ def structure_deeper_than(structure: bytes, limit: int) -> bool:
     if not structure or passes > limit:
         return passes > limit
     return passes + max(accumulate(map(_STEP.__getitem__, structure))) > limit
+
+
+def containers_past(raw: bytes, limit: int) -> int:
+    """How many objects and arrays ``raw`` (JSON, or what a parser would read of it) holds when that is more
+    than ``limit``; 0 when it is not. A container takes two bytes (``[]``; a cut text's, one: still at most
+    twice the cap), so a text of at most twice ``limit`` bytes is cleared by its length (a streamed event's
+    every read pays one comparison); a longer one by two C counts of its brackets (text's included, so at
+    least the containers); only one with more brackets than ``limit`` is read through ``json_structure``
+    (C passes, 1-3 ns a byte: 15 MB of ``[],`` in ~15 ms, where orjson took ~0.5 s to build its 5M)."""
+    if len(raw) <= 2 * limit or raw.count(b"[") + raw.count(b"{") <= limit:
+        return 0
+    containers = json_structure(raw).count(b"[")
+    return containers if containers > limit else 0
 
 
 def json_deeper_than(raw: bytes, limit: int) -> bool:

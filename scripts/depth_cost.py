@@ -1,4 +1,4 @@
-"""What judging a JSON answer's depth costs: the byte reader firstbyte uses against a walk of the parsed value.
+"""What judging a JSON answer's depth and containers costs: the byte reader firstbyte uses, against a walk.
 
 Bounded (best of a few runs of each, a few seconds in all); process time, so a busy box inflates less.
 
@@ -13,8 +13,15 @@ from collections.abc import Callable
 
 import orjson
 
-from proxy.bounds import MAX_CHUNK_DEPTH, deeper_than, json_deeper_than
-from proxy.walk.classify import nested_too_deep
+from proxy.bounds import (
+    MAX_ANSWER_CONTAINERS,
+    MAX_CHUNK_DEPTH,
+    MAX_EVENT_CONTAINERS,
+    containers_past,
+    deeper_than,
+    json_deeper_than,
+)
+from proxy.walk.classify import outsized
 
 WORDS = ["the", " cat", " sat", " on", " a", " mat", ",", " and", "ing", "\n", ' "', " [1]", "{", " it", " was"]
 
@@ -57,13 +64,16 @@ def main() -> None:
 def report(name: str, raw: bytes) -> None:
     parsed = orjson.loads(raw)
     times = 200 if len(raw) < 10_000 else 10
-    rows = [("firstbyte's check (walk/classify.nested_too_deep)", lambda: nested_too_deep(raw)),
+    rows = [("firstbyte's check (walk/classify.outsized: depth, containers)", lambda: outsized(raw)),
+            ("a buffered answer's containers alone (containers_past)",
+             lambda: containers_past(raw, MAX_ANSWER_CONTAINERS)),
+            ("as if it were one streamed event (containers_past)", lambda: containers_past(raw, MAX_EVENT_CONTAINERS)),
             ("json_deeper_than alone", lambda: json_deeper_than(raw, MAX_CHUNK_DEPTH)),
             ("walk of the parsed value (deeper_than)", lambda: deeper_than(parsed, MAX_CHUNK_DEPTH)),
             ("orjson.loads, for scale", lambda: orjson.loads(raw))]
     print(f"{name}: {len(raw):,} bytes, {raw.count(b'[') + raw.count(b'{'):,} brackets")
     for what, run in rows:
-        print(f"  {what:52s} {best_ms(run, times):8.3f} ms")
+        print(f"  {what:62s} {best_ms(run, times):8.3f} ms")
 
 if __name__ == "__main__":
     main()

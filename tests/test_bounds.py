@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.bounds import MAX_CHUNK_DEPTH, deeper_than, json_deeper_than, json_structure
+from proxy.bounds import MAX_CHUNK_DEPTH, containers_past, deeper_than, json_deeper_than, json_structure
 
 
 def containers(value: Any) -> int:
@@ -78,3 +78,16 @@ def test_invalid_json_counts_what_a_parser_builds_before_it_fails(raw: bytes, bu
     with pytest.raises(orjson.JSONDecodeError):
         orjson.loads(raw)
     assert json_structure(raw).count(b"[") >= built
+
+
+@pytest.mark.parametrize(("raw", "limit", "past"), [
+    pytest.param(b"[" + b",".join([b"[]"] * 99) + b"]", 100, 0, id="at-the-limit"),
+    pytest.param(b"[" + b",".join([b"[]"] * 100) + b"]", 100, 101, id="one-past-it"),
+    pytest.param(b"[" + b",".join([b"{}"] * 100) + b"]", 100, 101, id="objects-count-too"),
+    pytest.param(orjson.dumps({"text": "[{" * 500, "x": [[]]}), 100, 0, id="brackets-in-text-are-not-containers"),
+    pytest.param(b"[" + b",".join([b"[]"] * 100), 100, 101, id="cut-json-counts-what-a-parser-builds"),
+])
+def test_containers_past_counts_from_the_bytes(raw: bytes, limit: int, past: int) -> None:
+    assert containers_past(raw, limit) == past
+    if past:
+        assert past == containers(orjson.loads(raw + b"]" * (raw.count(b"[") - raw.count(b"]"))))

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.bounds import MAX_EVENT_CONTAINERS
 from proxy.config import AccessLog as AccessLogConfig
 from proxy.observe.accesslog import AccessLog
 from proxy.routing.decision import parse_header
@@ -141,8 +142,16 @@ MESSAGES = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "co
 _TEXT = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
          b'"delta":{"type":"text_delta","text":"partial"}}\n\n')
 _START = b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{}}}\n\n'
-# Python's words for the faults below: a client must never read them
-_PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
+
+
+def _wide(frame: bytes, fields: bytes = b"", wide: int = MAX_EVENT_CONTAINERS - 1) -> bytes:
+    """An event of exactly ``wide + 2`` objects and arrays (itself, ``x`` and ``wide`` empty arrays): one past
+    MAX_EVENT_CONTAINERS by default."""
+    return frame + b"{" + fields + b'"x":[' + b",".join([b"[]"] * wide) + b"]}\n\n"
+
+
+# Python's words for the faults below (``'int' object is not iterable``): a client must never read them
+_PYTHON = ("Error", "' object", "iterable", "unhashable", "attribute")
 
 
 @pytest.mark.parametrize(("kind", "path", "opening", "wrong", "said"), [
@@ -171,8 +180,8 @@ _PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
     # orjson cannot read these, nor can a client's parser (the openai SDK raised RecursionError, and
     # ValueError past Python's 4,300 digits): they used to reach the client as they came
     pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
-                 b'data: {"choices":[{"index":0,"delta":{"content":' + b'{"a":' * 100_000 + b"1"
-                 + b"}" * 100_000 + b"}}]}\n\n",
+                 b'data: {"choices":[{"index":0,"delta":{"content":' + b'{"a":' * 2_000 + b"1"
+                 + b"}" * 2_000 + b"}}]}\n\n",
                  "an upstream event could not be read as JSON (depth limit exceeded", id="openai-passthrough-deep"),
     pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
                  b'data: {"choices":[{"index":0,"delta":{"content":' + b"9" * 5_000_000 + b"}}]}\n\n",
@@ -197,6 +206,19 @@ _PYTHON = ("Error", "object", "iterable", "unhashable", "attribute")
                  b'"delta":{"type":"text_delta","text":"x"},"x":' + b"[" * 700 + b"]" * 700 + b"}\n\n",
                  "an upstream event nests its JSON more than 512 levels deep",
                  id="anthropic-passthrough-well-typed-deep"),
+    # A harden review's (2026-12-06): a well-typed event of many empty arrays, not deep at all; orjson held the
+    # loop building them (5M in 15 MB: ~0.5 s an event). Past MAX_EVENT_CONTAINERS it ends unparsed.
+    *[pytest.param(kind, path, opening, wide, f"holds {MAX_EVENT_CONTAINERS + 1:,} JSON objects and arrays",
+                   id=f"{name}-too-many-containers") for name, kind, path, opening, wide in [
+        ("openai-passthrough", "openai", "/v1/chat/completions", chunk_event("partial"), _wide(b"data: ")),
+        ("openai-to-messages", "openai", "/v1/messages", chunk_event("partial"), _wide(b"data: ")),
+        ("anthropic-passthrough", "anthropic", "/v1/messages", _START + _TEXT,
+         _wide(b"event: content_block_delta\ndata: ", b'"type":"content_block_delta","index":0,')),
+        ("anthropic-to-chat", "anthropic", "/v1/chat/completions", _START + _TEXT,
+         _wide(b"event: content_block_delta\ndata: ", b'"type":"content_block_delta","index":0,'))]],
+    pytest.param("openai", "/v1/chat/completions", chunk_event("partial"),
+                 _wide(b"data: ", wide=MAX_EVENT_CONTAINERS - 2) + chunk_event("", "stop") + b"data: [DONE]\n\n",
+                 "", id="openai-passthrough-containers-at-the-cap-pass"),
 ])
 async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_person_can_act_on(
         upstreams, proxy, kind, path, opening, wrong, said):
@@ -216,7 +238,11 @@ async def test_a_wrongly_typed_event_after_commit_ends_the_stream_with_words_a_p
     provider = {"kind": kind, "base_url": up.url + "/v1"}
     p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": provider}))
     status, _, body = await p.post(path, {**(MESSAGES if path == "/v1/messages" else CHAT), "stream": True})
-    assert status == 200 and b"partial" in body, body
+    assert status == 200 and b"partial" in body, body[:300]
+    if not said:  # within the bounds: relayed whole, and a success
+        assert body.endswith(b"data: [DONE]\n\n") and body.count(b"[]") >= MAX_EVENT_CONTAINERS - 2, body[-300:]
+        assert p.gateway.state.success_share(("up", "m")) == 1.0
+        return
     last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
     if path == "/v1/messages":
         assert last.startswith(b"event: error\n"), body
@@ -467,3 +493,35 @@ async def test_a_client_reading_slowly_is_not_cut_by_the_send_timeout(upstreams,
     writer.close()
     assert p.guards[0].closed["send_timeout"] == 0
     assert received > 200_000
+
+
+@pytest.mark.parametrize("reads", [
+    pytest.param([b"\xef\xbb\xbf" + chunk_event("one")], id="with-the-first-event"),
+    pytest.param([b"\xef\xbb\xbf", chunk_event("one")], id="alone-then-the-event"),
+    pytest.param([b"\xef", b"\xbb", b"\xbf" + chunk_event("one")], id="a-byte-a-read"),
+    pytest.param([b"\xef\xbb", b"\xbf" + chunk_event("one")[:9], chunk_event("one")[9:]], id="cut-mid-event-too"),
+])
+async def test_a_bom_at_the_streams_start_keeps_its_first_token(upstreams, proxy, reads):
+    """A reviewer's upstream began its stream with UTF-8's byte-order mark, which the SSE spec (WHATWG) ignores
+    once at the start: the first event was dropped silently (its first line read as no data line), so the openai
+    SDK got "two" for "one two". Its three bytes may arrive in reads of their own."""
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for read in reads:
+            await response.write(read)
+            await asyncio.sleep(0.02)  # a read of its own
+        await response.write(chunk_event(" two") + chunk_event("", "stop") + b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    up = await upstreams({"*": stream})
+    p = await proxy(route_config([{"provider": "up", "model": "m"}], {"up": openai_provider(up.url)}))
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        words = [chunk.choices[0].delta.content async for chunk in await client.chat.completions.create(
+            **CHAT, stream=True) if chunk.choices]
+    finally:
+        await client.close()
+    assert "".join(w or "" for w in words) == "one two"
+    assert p.gateway.state.success_share(("up", "m")) == 1.0

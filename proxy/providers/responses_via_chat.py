@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import orjson
 
+from ..bounds import MAX_ANSWER_CONTAINERS
 from ..config import Provider, Target
 from ..errors import StreamError
 from ..translate.chat_to_anthropic import TranslationError
@@ -28,7 +29,7 @@ from ..translate.passthrough import answer_lines
 from ..translate.responses_to_chat import responses_to_chat
 from ..translate.sse import EventFramer, event_frame, json_object, split_events
 from ..translate.usage import usage_from_responses
-from ..translate.usage_taps import raise_on_deep
+from ..translate.usage_taps import raise_on_deep, raise_on_many
 from .base import Adapter, Call, StreamTranslator, UpstreamRequest
 from .openai import OpenAIAdapter
 
@@ -65,9 +66,11 @@ class ResponsesUsageTap:
         return block
 
     def _deep(self, block: bytes) -> None:
-        """An event nested past what a client's parser reads ends the stream; the error event is numbered
-        after the events relayed before it."""
+        """An event nested past what a client's parser reads, or with more objects and arrays than a whole
+        answer holds (the closing events carry the answer: ``MAX_ANSWER_CONTAINERS``), ends the stream,
+        unparsed; the error event is numbered after the events relayed before it."""
         try:
+            raise_on_many(block, ResponsesStreamError, MAX_ANSWER_CONTAINERS)
             raise_on_deep(block, ResponsesStreamError)
         except ResponsesStreamError as exc:
             self._last = exc.partial or self._last

@@ -148,7 +148,7 @@ def _structure(raw: bytes) -> bytes:
     structure = json_structure(raw)
     containers = structure.count(b"[")
     if containers > MAX_BODY_CONTAINERS:
-        raise ClientError(400, f"Request body holds {containers} JSON objects and arrays; this gateway reads at "
+        raise ClientError(400, f"Request body holds {containers:,} JSON objects and arrays; this gateway reads at "
                           f"most {MAX_BODY_CONTAINERS:,} in one request: send fewer (split the batch).",
                           code="too_many_containers")
     return structure

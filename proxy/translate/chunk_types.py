@@ -22,10 +22,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..bounds import MAX_CHUNK_DEPTH, json_deeper_than
+from ..bounds import MAX_CHUNK_DEPTH, MAX_EVENT_CONTAINERS, json_deeper_than
 
-__all__ = ["DEEP_BYTES", "RELAYED_SUSPECT", "SUSPECT", "TEXT_SUSPECT", "TOO_DEEP", "chunk_problem", "nested_too_deep",
-           "text_problem"]
+__all__ = ["DEEP_BYTES", "MANY_BYTES", "RELAYED_SUSPECT", "SUSPECT", "TEXT_SUSPECT", "TOO_DEEP", "chunk_problem",
+           "nested_too_deep", "text_problem", "too_many"]
 
 # Spelt by each key's first letter: a quote is then let go after one look at the next byte, where a
 # group of alternatives was tried one by one at every quote (the gate's search of a first event:
@@ -54,6 +54,18 @@ def nested_too_deep(raw: bytes) -> bool:
     (``json_deeper_than``: its cost follows the bytes, where walking the parsed containers cost ~2 us each)."""
     return (len(raw) >= DEEP_BYTES and raw.count(b"[") + raw.count(b"{") > MAX_CHUNK_DEPTH
             and json_deeper_than(raw, MAX_CHUNK_DEPTH))
+
+# An event's data holds more objects and arrays than MAX_EVENT_CONTAINERS only when it is longer than this
+# (a container takes two bytes): a read shorter than it is cleared with one comparison.
+MANY_BYTES = 2 * MAX_EVENT_CONTAINERS
+
+
+def too_many(count: int, limit: int = MAX_EVENT_CONTAINERS) -> str:
+    """An event with more objects and arrays than ``limit`` (``bounds.containers_past``), in words a person
+    can act on: ended unparsed, as an event nested too deep is."""
+    usual = " (a real one holds a few hundred)" if limit == MAX_EVENT_CONTAINERS else ""
+    return (f"an upstream event holds {count:,} JSON objects and arrays, more than the {limit:,} firstbyte reads "
+            f"in one event{usual}")
 
 
 _DELTA_TEXT = ("content", "role", "refusal", "reasoning_content")

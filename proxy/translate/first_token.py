@@ -21,10 +21,11 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from ..bounds import MAX_ANSWER_CONTAINERS, MAX_EVENT_CONTAINERS, containers_past
 from ..errors import StreamTooLarge
 from ..scrub import Scrubber
-from .chunk_types import SUSPECT, TOO_DEEP, chunk_problem, nested_too_deep, text_problem
-from .sse import Event, data_of, event_end, fields, lone_crs, opened
+from .chunk_types import MANY_BYTES, SUSPECT, TOO_DEEP, chunk_problem, nested_too_deep, text_problem, too_many
+from .sse import BOM, Event, data_of, event_end, fields, lone_crs, opened, without_bom
 
 __all__ = [
     "MAX_OPENING",
@@ -84,9 +85,12 @@ class FirstToken:
     drip-fed opening costs its length, not its length squared, and a large one
     is held once."""
 
-    __slots__ = ("_buf", "_events", "_start", "failure", "held")
+    __slots__ = ("_buf", "_events", "_head", "_start", "failure", "held")
+
+    containers = MAX_EVENT_CONTAINERS  # objects and arrays an event may hold before it is parsed (bounds.py)
 
     def __init__(self) -> None:
+        self._head: bytes | None = b""  # the stream's first bytes while they may begin a BOM; None after
         self._buf: bytearray | None = None  # everything fed so far, once a read left it undecided
         self._start = 0  # where the incomplete event at its end begins
         self._events: list[Event] = []  # what was decoded on the way, handed on with ``held``
@@ -96,6 +100,14 @@ class FirstToken:
     compact_content = False  # OpenAI chat chunks only: a compact non-empty "content" string is a token
 
     def feed(self, data: bytes) -> bool:
+        head = self._head
+        if head is not None:  # the stream's start: one BOM there is not part of its first line (sse.without_bom)
+            if head or data.startswith(BOM[:1]):
+                data, self._head = without_bom(head, data)
+                if self._head is not None:
+                    return False  # a BOM's first bytes, maybe: the next read says
+            else:
+                self._head = None
         if 13 in data or (self._buf is not None and self._buf.endswith(b"\r")):  # an int: memchr
             data = self._lone_crs(data)
         if self.compact_content and self._buf is None and data.startswith(b"data: {"):
@@ -111,7 +123,7 @@ class FirstToken:
                 # or text escaped as ASCII) sends the event to the parse below, once per stream.
                 self.held = data
                 return True
-            if end > 0 and data.find(b"\n", 0, end) < 0:
+            if 0 < end <= MANY_BYTES and data.find(b"\n", 0, end) < 0:  # longer: counted first (_event)
                 try:
                     payload = orjson.loads(data[6:end])
                 except orjson.JSONDecodeError:
@@ -172,7 +184,11 @@ class FirstToken:
 
     def end(self) -> bool:
         """The upstream's body ended without a first token; or it ended with a CR, which ends its line
-        (an event framed by CRs is whole at it): the opening is read once more with it."""
+        (an event framed by CRs is whole at it): the opening is read once more with it. So are a BOM's
+        first bytes that no BOM followed."""
+        head, self._head = self._head, None
+        if head and self.feed(head):
+            return True
         held = self._buf
         if held is not None and held.endswith(b"\r"):
             held[-1] = 0x0A
@@ -187,6 +203,9 @@ class FirstToken:
             return None  # a comment or keep-alive
         if raw.strip() == b"[DONE]":
             return _EMPTY
+        many = containers_past(raw, self.containers)  # before the parse: orjson took ~0.5 s to build 5M
+        if many:
+            return Ended("malformed stream", too_many(many, self.containers), raw[:SAMPLE])
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -296,6 +315,7 @@ class ResponsesFirstToken(FirstToken):
     call's item, or ``response.completed`` commits. ``response.failed`` and ``error`` are failures."""
 
     __slots__ = ()
+    containers = MAX_ANSWER_CONTAINERS  # response.completed carries the whole answer, its logprobs too
 
     def carries_content(self, name: str | None, payload: dict[str, Any]) -> bool:
         kind = payload.get("type")
@@ -340,8 +360,8 @@ def error_of(payload: dict[str, Any]) -> tuple[int | None, str, str] | None:
 def error_in_body(body: bytes) -> UpstreamError | None:
     """A buffered 2xx whose JSON body is an error object, not an answer."""
     # An answer has no such key or value (quotes in text are escaped); find, not `in` (usage_taps.py says why).
-    if body.find(b'"error"') < 0:
-        return None
+    if body.find(b'"error"') < 0 or containers_past(body, MAX_ANSWER_CONTAINERS):
+        return None  # (too many containers to parse: answer.buffered_answer refuses it, unparsed)
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from ..bounds import MAX_EVENT_CONTAINERS, containers_past
 from .sse import json_object, split_events
 
 __all__ = ["KEEP_ALIVE", "answer_lines"]
@@ -64,7 +65,7 @@ def _named_by_type(event: bytes, lines: list[bytes]) -> list[bytes]:
     if not (event.startswith(b"event:") or event.find(b"\nevent:") >= 0) or any(
             line.startswith(b"event:") for line in lines):
         return lines
-    payload = json_object(event)
+    payload = json_object(event) if not containers_past(event, MAX_EVENT_CONTAINERS) else None  # usage_taps ends it
     kind = payload.get("type") if payload is not None else None
     if not isinstance(kind, str) or _PLAIN_NAME.fullmatch(kind) is None:
         return lines

@@ -20,20 +20,35 @@ from typing import Any
 
 import orjson
 
-from ..bounds import MAX_EVENT_BYTES
+from ..bounds import MAX_EVENT_BYTES, MAX_EVENT_CONTAINERS, containers_past
 from ..errors import StreamError, StreamTooLarge
 from ..memory import trim
-from .chunk_types import chunk_problem
+from .chunk_types import MANY_BYTES, chunk_problem, too_many
 
-__all__ = ["DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
+__all__ = ["BOM", "DONE", "INVALID_STREAM", "SHAPE_ERRORS", "WRONG_TYPES", "ChatChunkFeed", "EventFramer",
            "JsonEventFeed", "Opening", "SseDecoder", "data_frame", "data_of", "event_around",
            "event_end", "event_frame", "fields", "json_object", "last_event_end", "lone_crs", "openai_error_event",
-           "opening_events", "split_events"]
+           "opening_events", "split_events", "without_bom"]
 
 Json = dict[str, Any]
 Event = tuple[str | None, Any]  # (the event's name, its decoded data)
 
 DONE = b"data: [DONE]\n\n"
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark: one at a stream's very start is not its text (WHATWG SSE)
+
+
+def without_bom(head: bytes, data: bytes) -> tuple[bytes, bytes | None]:
+    """A stream's start less one leading BOM, whatever reads it came in: ``head`` is what came before
+    ``data`` and may begin one. Returns what to read on and, while the start may still be a BOM's first
+    bytes, those (else None: decided). Only one is dropped, only at the start; an event line after it
+    that began with one would be a field no client knows, as the spec has it. The first-token gate, the
+    first reader of every stream, calls it until decided; readers after it never see a stream's start."""
+    text = head + data if head else data
+    if text.startswith(BOM):
+        return text[3:], None
+    if len(text) < 3 and BOM.startswith(text):
+        return b"", text
+    return text, None
 
 # What a translator raises when an event has the right envelope but fields of the wrong types
 # (``"tool_calls": 5``, ``"index": [1]``, ``"delta": "x"``): the upstream's fault, told as
@@ -319,6 +334,8 @@ class JsonEventFeed:
                     if self.ends_on_done and raw.strip() == b"[DONE]":
                         out += self._on_done()
                         continue
+                    if len(raw) > MANY_BYTES and (many := containers_past(raw, MAX_EVENT_CONTAINERS)):
+                        raise self.stream_error(too_many(many), INVALID_STREAM)  # unparsed: bounds.py
                     try:
                         event = orjson.loads(raw)
                     except orjson.JSONDecodeError as exc:

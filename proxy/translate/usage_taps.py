@@ -24,13 +24,14 @@ from typing import Any
 
 import orjson
 
-from ..bounds import MAX_CHUNK_DEPTH
+from ..bounds import MAX_CHUNK_DEPTH, MAX_EVENT_CONTAINERS, containers_past
 from ..errors import StreamError
 from .anthropic_to_chat import AnthropicStreamError
 from .chat_to_messages import OpenAIStreamError
 from .chat_to_messages import error_event as anthropic_error_event
 from .chunk_types import (
     DEEP_BYTES,
+    MANY_BYTES,
     RELAYED_SUSPECT,
     SUSPECT,
     TEXT_SUSPECT,
@@ -38,6 +39,7 @@ from .chunk_types import (
     chunk_problem,
     nested_too_deep,
     text_problem,
+    too_many,
 )
 from .first_token import error_of
 from .passthrough import answer_lines
@@ -55,7 +57,7 @@ from .sse import (
 from .tokens import token_count
 from .usage import usage_from_anthropic, usage_from_chat
 
-__all__ = ["AnthropicUsageTap", "OpenAIUsageTap", "raise_on_deep"]
+__all__ = ["AnthropicUsageTap", "OpenAIUsageTap", "raise_on_deep", "raise_on_many"]
 
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
@@ -105,6 +107,8 @@ class OpenAIUsageTap:
             block = answer_lines(data if whole else framer.complete(data))  # no comment's text, no id: line
             if block.find(b"[DONE]", -DONE_TAIL) >= 0:
                 self.done = True
+        if len(block) > MANY_BYTES:  # before anything below parses an event; shorter is cleared by this comparison
+            raise_on_many(block, OpenAIStreamError)
         if not self.done and not self._finished and _FINISHED.search(block) is not None:
             self._finished = True
         if block.find(b'"error"') >= 0:  # an answer's text cannot hold it: its quotes are escaped
@@ -215,16 +219,41 @@ def raise_on_deep(block: bytes, error: type[StreamError]) -> None:
     with no blank line within DEEP_BYTES of its start is looked at: its events split, and one long
     enough, with brackets enough, parsed (C) and its depth read from its bytes (``nested_too_deep``: no
     Python walk of its containers); one orjson cannot read ends the stream as before."""
-    start, end = 0, len(block)
-    while end - start >= DEEP_BYTES:
-        found = block.rfind(b"\n\n", start, start + DEEP_BYTES)
-        if found < 0 and (found := block.rfind(b"\n\r\n", start, start + DEEP_BYTES)) < 0:
-            break  # an event this long, maybe
-        start = found + 2
-    else:
+    if not _may_hold_longer(block, DEEP_BYTES):
         return
     _raise_at(block, lambda event: len(event) >= DEEP_BYTES and event.count(b"[") + event.count(b"{") > MAX_CHUNK_DEPTH,
               lambda data, payload: TOO_DEEP if nested_too_deep(data) else "", error)
+
+
+def raise_on_many(block: bytes, error: type[StreamError], limit: int = MAX_EVENT_CONTAINERS) -> None:
+    """An event with more objects and arrays than ``limit`` ends the stream unparsed, as one nested too deep
+    does: orjson held the loop ~0.5 s building 5M empty arrays (one 15 MB event), per event. Called before
+    anything parses the block's events. Only an event longer than twice ``limit`` can be one; found as
+    ``raise_on_deep`` finds long events, then counted from its bytes (``bounds.containers_past``), the whole
+    event's: after ``answer_lines`` its other lines (``data:``, a plain ``event:`` name) hold no bracket or
+    quote, so the count is its data's, without copying the data out (15 MB: 16 ms)."""
+    reach = 2 * limit
+    if not _may_hold_longer(block, reach):
+        return
+    events = split_events(block)
+    for i, event in enumerate(events):
+        if len(event) > reach and (many := containers_past(event, limit)):
+            exc = error(too_many(many, limit), INVALID_STREAM)
+            exc.partial = b"".join(events[:i])
+            raise exc
+
+
+def _may_hold_longer(block: bytes, reach: int) -> bool:
+    """May ``block`` (whole events) hold an event ``reach`` bytes long or more? From each event's start, the
+    last blank line within ``reach`` (one ``rfind`` in C) says every event up to it is shorter, and the next
+    look starts after it."""
+    start, end = 0, len(block)
+    while end - start >= reach:
+        found = block.rfind(b"\n\n", start, start + reach)
+        if found < 0 and (found := block.rfind(b"\n\r\n", start, start + reach)) < 0:
+            return True  # an event this long, maybe
+        start = found + 2
+    return False
 
 
 def _raise_at(block: bytes, picked: Callable[[bytes], bool], verdict: Callable[[bytes, Any], str],
@@ -269,6 +298,8 @@ class AnthropicUsageTap:
         block = answer_lines(data if whole else framer.complete(data), True)
         if block.find(b'"message_stop"') >= 0:
             self.done = True
+        if len(block) > MANY_BYTES:
+            raise_on_many(block, AnthropicStreamError)
         if TEXT_SUSPECT.search(block) is not None:  # a text that is not a string, maybe: parsed only then
             _raise_on_wrong(block, TEXT_SUSPECT, text_problem, AnthropicStreamError)
         if len(block) >= DEEP_BYTES:

@@ -4,7 +4,8 @@ Both checks run in ``Walker._settle``, before the commit, so an upstream that an
 something that is not its answer fails over and counts like any failed attempt:
 
 - a buffered body that is not a JSON object, or whose fields have the wrong types
-  (``"choices": [5]``), is ``INVALID_BODY``; one nested past what a client's parser reads, ``TOO_DEEP_BODY``;
+  (``"choices": [5]``), is ``INVALID_BODY``; one nested past what a client's parser reads, or
+  with more objects and arrays than ``MAX_ANSWER_CONTAINERS``, ``classify.outsized``'s;
 - a stream's opening (the events the first-token gate held, up to and with the first token) is
   translated here, not in the relay: an event in it that is not JSON or whose fields have the
   wrong types (``"tool_calls": 5``, ``"index": [1]``) is a ``malformed stream``. Any other
@@ -26,7 +27,7 @@ from ..scrub import Scrubber
 from ..translate.chat_to_anthropic import TranslationError
 from ..translate.first_token import Ended
 from ..translate.sse import INVALID_STREAM, SHAPE_ERRORS, WRONG_TYPES
-from .classify import INVALID_BODY, TOO_DEEP_BODY, Outcome, classify_ended, is_json_object, nested_too_deep
+from .classify import INVALID_BODY, Outcome, classify_ended, is_json_object, outsized
 
 __all__ = ["buffered_answer", "stream_opening"]
 
@@ -35,8 +36,9 @@ def buffered_answer(adapter: Adapter, call: Call, target: Target, first: bytes) 
     """The client's body from a buffered 2xx answer, or the outcome that says why it is not one."""
     if not is_json_object(first):
         return INVALID_BODY
-    if nested_too_deep(first):
-        return TOO_DEEP_BODY
+    too_big = outsized(first)  # nested too deep, or too many containers to parse: before translate_body does
+    if too_big is not None:
+        return too_big
     try:
         return adapter.translate_body(call, target, first)
     except TranslationError:

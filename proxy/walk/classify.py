@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..bounds import MAX_CHUNK_DEPTH, json_deeper_than
+from ..bounds import MAX_ANSWER_CONTAINERS, MAX_CHUNK_DEPTH, json_structure, structure_deeper_than
 from ..errors import StreamTooLarge
 from ..state.breaker import MAX_COOLDOWN
 from ..translate.first_token import Ended, UpstreamError
@@ -70,13 +70,27 @@ TOO_DEEP_BODY = Outcome("invalid body", True, 502, f"upstream answered 2xx with 
                         "under ten: report it to the provider")
 
 
-def nested_too_deep(body: bytes) -> bool:
-    """Does a buffered answer nest past ``MAX_CHUNK_DEPTH``? Shorter than two bytes a level, or with fewer
-    brackets than levels (two C counts), it cannot; else its bytes say (``json_deeper_than``: a 0.8 MB
-    logprobs answer costs a few ms, where walking its parsed containers cost 85), whatever its size, so
-    a body past ``FULL_JSON_CHECK`` is read too."""
-    return (len(body) > 2 * MAX_CHUNK_DEPTH and body.count(b"[") + body.count(b"{") > MAX_CHUNK_DEPTH
-            and json_deeper_than(body, MAX_CHUNK_DEPTH))
+def too_many_containers(count: int) -> Outcome:
+    """A buffered 2xx with more objects and arrays than ``MAX_ANSWER_CONTAINERS``: refused before anything
+    parses it (orjson held the loop ~0.5 s building 5M), and, like an answer nested too deep, a failover."""
+    return Outcome("invalid body", True, 502, f"upstream answered 2xx with {count:,} JSON objects and arrays, "
+                   f"more than the {MAX_ANSWER_CONTAINERS:,} firstbyte reads in one answer (one with logprobs "
+                   "holds under 700,000): report it to the provider")
+
+
+def outsized(body: bytes) -> Outcome | None:
+    """Is a buffered answer nested past ``MAX_CHUNK_DEPTH`` or made of more than ``MAX_ANSWER_CONTAINERS``
+    objects and arrays? Shorter than two bytes a level, or with fewer brackets than levels (two C counts),
+    it is neither (the cap is above the depth); else one ``json_structure`` says both (a 0.8 MB logprobs
+    answer costs a few ms, where walking its parsed containers cost 85), whatever its size, so a body past
+    ``FULL_JSON_CHECK`` is read too."""
+    if len(body) <= 2 * MAX_CHUNK_DEPTH or body.count(b"[") + body.count(b"{") <= MAX_CHUNK_DEPTH:
+        return None
+    structure = json_structure(body)
+    count = structure.count(b"[")
+    if count > MAX_ANSWER_CONTAINERS:
+        return too_many_containers(count)
+    return TOO_DEEP_BODY if structure_deeper_than(structure, MAX_CHUNK_DEPTH) else None
 
 
 def fails_over(status: int) -> bool:

@@ -12,6 +12,10 @@ import pytest
 from aiohttp import web
 from openai.types.responses import ResponseFunctionToolCall
 
+from proxy.bounds import MAX_ANSWER_CONTAINERS, MAX_EVENT_CONTAINERS
+from proxy.providers.responses_via_chat import ResponsesUsageTap
+from proxy.translate.chat_to_responses import ResponsesStreamError
+
 from ..anthropic_fakes import anthropic_provider, messages_handler
 from ..conftest import (
     Recorder,
@@ -368,3 +372,22 @@ async def test_a_passthrough_event_nested_past_a_clients_parser_ends_the_stream(
     events = [e async for e in await sdk(p.url).responses.create(model="chat", input="hi", stream=True)]
     assert [(e.type, e.sequence_number) for e in events] == [("response.output_text.delta", 0), ("error", 1)]
     assert "failed after it started" in events[-1].message
+
+
+@pytest.mark.parametrize(("wide", "ends"), [
+    pytest.param(MAX_EVENT_CONTAINERS * 2, False, id="a-whole-answers-closing-event-past-the-event-cap-passes"),
+    pytest.param(MAX_ANSWER_CONTAINERS, True, id="past-the-answer-cap-ends-the-stream"),
+])
+def test_a_responses_stream_bounds_its_events_by_the_answer_cap(wide: int, ends: bool) -> None:
+    """``response.completed`` carries the whole answer, its logprobs too (hundreds of thousands of containers):
+    a Responses stream relayed as it is has the buffered answer's cap per event, not a chat chunk's."""
+    delta = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"hi"}\n\n'
+    closing = (b'event: response.completed\ndata: {"type":"response.completed","response":{"output":[],'
+               b'"x":[' + b",".join([b"[]"] * wide) + b"]}}\n\n")
+    tap = ResponsesUsageTap()
+    if not ends:
+        assert tap.feed(delta + closing) == delta + closing and tap.done
+        return
+    with pytest.raises(ResponsesStreamError) as raised:
+        tap.feed(delta + closing)
+    assert raised.value.partial == delta and f"{MAX_ANSWER_CONTAINERS + 4:,} JSON objects" in raised.value.message

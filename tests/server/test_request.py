@@ -4,6 +4,7 @@ client library would tidy the input away; every refusal in the OpenAI error shap
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 
 import orjson
@@ -156,6 +157,8 @@ async def test_a_body_of_more_containers_than_the_cap_is_refused_before_it_is_pa
         return
     err = assert_openai_error(got, body, 400, "too_many_containers")
     assert f"{MAX_BODY_CONTAINERS:,}" in str(err["message"]) and "split" in str(err["message"]), err
+    count = re.search(r"holds ([\d,]+) JSON", str(err["message"]))
+    assert count is not None and count[1] == f"{int(count[1].replace(',', '')):,}", err  # as the limit is printed
     assert up.calls == []
 
 

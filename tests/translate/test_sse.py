@@ -13,6 +13,7 @@ from proxy.translate.anthropic_to_chat import AnthropicStreamToOpenAI
 from proxy.translate.first_token import AnthropicFirstToken, OpenAIFirstToken
 from proxy.translate.passthrough import answer_lines
 from proxy.translate.sse import (
+    BOM,
     EventFramer,
     Opening,
     SseDecoder,
@@ -22,7 +23,9 @@ from proxy.translate.sse import (
     last_event_end,
     opening_events,
     split_events,
+    without_bom,
 )
+from proxy.translate.usage_taps import OpenAIUsageTap
 
 
 @pytest.mark.parametrize(
@@ -204,3 +207,67 @@ def test_the_framer_ends_lines_where_an_sse_client_does(stream: bytes) -> None:
         assert _spec_lines(out) == _spec_lines(stream), (cut, out)
         decoder = SseDecoder()
         assert [data for _, data in decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])] == events, cut
+
+
+# A stream that begins with UTF-8's byte-order mark (WHATWG SSE: one leading BOM is ignored). Its first event
+# was lost: ``\xef\xbb\xbfdata: ...`` is no data line, so the gate held it as a comment and answer_lines dropped it.
+_OPENING = (b'data: {"choices":[{"index":0,"delta":{"content":"first"}}]}\n\n'
+            b'data: {"choices":[{"index":0,"delta":{"content":" second"}}]}\n\ndata: [DONE]\n\n')
+
+
+def _cuts(stream: bytes) -> list[list[bytes]]:
+    """``stream`` in reads cut at every one and every two places within its first 12 bytes, and at every
+    single place after them: a BOM's three bytes arrive in one read, two, or three."""
+    reach = min(12, len(stream))
+    single = [[stream[:k], stream[k:]] for k in range(1, len(stream))]
+    double = [[stream[:i], stream[i:j], stream[j:]] for i in range(1, reach) for j in range(i + 1, reach)]
+    return single + double
+
+
+def _relayed(reads: list[bytes]) -> bytes:
+    """What a client gets of ``reads``: the first-token gate until it commits, the usage tap after it."""
+    gate, tap = OpenAIFirstToken(), OpenAIUsageTap(keep_usage_chunk=False)
+    reads = list(reads)
+    while reads:
+        if gate.feed(reads.pop(0)):
+            break
+    else:
+        assert gate.end()
+    assert gate.failure is None, gate.failure
+    return tap.feed(gate.held) + b"".join(tap.feed(read) for read in reads) + tap.finish()
+
+
+@pytest.mark.parametrize(("stream", "relayed"), [
+    pytest.param(BOM + _OPENING, _OPENING, id="one-bom-is-dropped"),
+    pytest.param(_OPENING, _OPENING, id="no-bom"),
+    pytest.param(BOM + b": hi\n\n" + _OPENING, b":\n\n" + _OPENING, id="a-bom-before-a-comment"),
+])
+def test_a_bom_at_the_streams_start_is_dropped_at_every_cut(stream: bytes, relayed: bytes) -> None:
+    for reads in _cuts(stream):
+        assert _relayed(reads) == relayed, reads[:2]
+
+
+@pytest.mark.parametrize(("head", "data", "out", "left"), [
+    pytest.param(b"", BOM + b"data: x", b"data: x", None, id="whole"),
+    pytest.param(b"", BOM[:1], b"", BOM[:1], id="first-byte-waits"),
+    pytest.param(BOM[:1], BOM[1:2], b"", BOM[:2], id="second-byte-waits"),
+    pytest.param(BOM[:2], BOM[2:] + b"data: x", b"data: x", None, id="third-byte-decides"),
+    pytest.param(BOM[:2], b"data: x", BOM[:2] + b"data: x", None, id="not-a-bom-after-all-keeps-its-bytes"),
+    pytest.param(b"", BOM + BOM + b"data: x", BOM + b"data: x", None, id="only-one-bom"),
+    pytest.param(b"", b"data: x" + BOM, b"data: x" + BOM, None, id="not-at-the-start"),
+    pytest.param(b"", b"\xef\xbf\xbd", b"\xef\xbf\xbd", None, id="another-character-of-the-same-first-byte"),
+])
+def test_without_bom_decides_from_the_streams_first_bytes(head: bytes, data: bytes, out: bytes,
+                                                           left: bytes | None) -> None:
+    assert without_bom(head, data) == (out, left)
+
+
+@pytest.mark.parametrize("stream", [
+    pytest.param(BOM[:1], id="one-byte-of-a-bom"),
+    pytest.param(BOM[:2], id="two-bytes-of-a-bom"),
+    pytest.param(BOM, id="a-bom-alone"),
+])
+def test_a_stream_that_ends_in_its_bom_is_empty(stream: bytes) -> None:
+    gate = OpenAIFirstToken()
+    assert not gate.feed(stream) and gate.end()
+    assert gate.failure is not None and gate.failure.why == "empty stream"
