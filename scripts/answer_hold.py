@@ -17,13 +17,11 @@ import argparse
 import asyncio
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import aiohttp
 import orjson
 from aiohttp import web
+from body_hold import hold, serving
 
 from proxy.bounds import MAX_ANSWER_CONTAINERS, MAX_EVENT_CONTAINERS
 
@@ -77,41 +75,6 @@ def upstream(port: int, kind: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 
-async def poll(url: str, stop: asyncio.Event, worst: list[float]) -> None:
-    async with aiohttp.ClientSession() as session:
-        while not stop.is_set():
-            started = time.perf_counter()
-            async with session.get(url + "/healthz") as resp:
-                await resp.read()
-            worst.append(time.perf_counter() - started)
-            await asyncio.sleep(0.02)
-
-
-async def measure(url: str, path: str, stream: bool, asks: int) -> tuple[float, float, list[str]]:
-    quiet: list[float] = []
-    stop = asyncio.Event()
-    task = asyncio.create_task(poll(url, stop, quiet))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await task
-    busy: list[float] = []
-    stop = asyncio.Event()
-    task = asyncio.create_task(poll(url, stop, busy))
-    seen = []
-    body = {"model": "chat", "max_tokens": 16, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
-    async with aiohttp.ClientSession() as session:
-        for _ in range(asks):
-            await asyncio.sleep(0.2)
-            async with session.post(url + path, json=body) as resp:
-                got = await resp.read()
-                ended = " error event" if stream and b"error" in got[-600:] else ""
-                seen.append(f"{resp.status} {len(got):,} B{ended}")
-    await asyncio.sleep(0.2)
-    stop.set()
-    await task
-    return max(quiet), max(busy), seen
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
@@ -123,29 +86,22 @@ def main() -> None:
     if args.upstream:
         return upstream(args.port, args.answer)
     path, stream = MODES[args.mode]
+    body = {"model": "chat", "max_tokens": 16, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+
+    async def ask(session: aiohttp.ClientSession) -> str:
+        async with session.post(f"http://127.0.0.1:{args.port}{path}", json=body) as resp:
+            got = await resp.read()
+            ended = " error event" if stream and b"error" in got[-600:] else ""
+            return f"{resp.status} {len(got):,} B{ended}"
+
     up = subprocess.Popen([sys.executable, __file__, "--upstream", "--port", str(args.port + 1), "--answer",
                            args.answer])
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "routes.yaml"
-        config.write_text(CONFIG.format(port=args.port, up=args.port + 1))
-        exe = Path(sys.executable).with_name("firstbyte")
-        server = subprocess.Popen([str(exe), "serve", "--config", str(config)], stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{args.port}"
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    quiet, busy, seen = asyncio.run(measure(url, path, stream, args.asks))
-                    break
-                except aiohttp.ClientConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.3)
-        finally:
-            server.terminate()
-            up.terminate()
-            server.wait(10)
-            up.wait(10)
+    try:
+        quiet, busy, seen = serving(CONFIG.format(port=args.port, up=args.port + 1), args.port,
+                                    lambda url: hold(url, ask, args.asks), wait=30)
+    finally:
+        up.terminate()
+        up.wait(10)
     print(f"{args.mode} {args.answer}: {seen}; worst /healthz quiet {quiet * 1e3:.1f} ms, "
           f"while answering {busy * 1e3:.1f} ms")
 

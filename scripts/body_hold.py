@@ -16,7 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import orjson
@@ -28,6 +30,8 @@ providers:
 routes:
   chat: {{strategy: ordered, targets: [{{provider: sim, model: sim-1}}]}}
 """
+
+T = TypeVar("T")
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 TOOLS = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object", "properties": {
@@ -49,7 +53,9 @@ async def poll(url: str, stop: asyncio.Event, worst: list[float]) -> None:
             await asyncio.sleep(0.02)
 
 
-async def measure(url: str, body: bytes, posts: int) -> tuple[float, float, list[int]]:
+async def hold(url: str, ask: Callable[[aiohttp.ClientSession], Awaitable[T]], times: int) -> tuple[
+        float, float, list[T]]:
+    """The worst /healthz latency over a quiet second, then while ``ask`` runs ``times`` times, 0.2 s apart."""
     quiet: list[float] = []
     stop = asyncio.Event()
     task = asyncio.create_task(poll(url, stop, quiet))
@@ -59,18 +65,36 @@ async def measure(url: str, body: bytes, posts: int) -> tuple[float, float, list
     busy: list[float] = []
     stop = asyncio.Event()
     task = asyncio.create_task(poll(url, stop, busy))
-    statuses = []
+    seen = []
     async with aiohttp.ClientSession() as session:
-        for _ in range(posts):
+        for _ in range(times):
             await asyncio.sleep(0.2)
-            async with session.post(url + "/v1/chat/completions", data=body,
-                                    headers={"content-type": "application/json"}) as resp:
-                await resp.read()
-                statuses.append(resp.status)
+            seen.append(await ask(session))
     await asyncio.sleep(0.2)
     stop.set()
     await task
-    return max(quiet), max(busy), statuses
+    return max(quiet), max(busy), seen
+
+
+def serving(config: str, port: int, measure: Callable[[str], Awaitable[T]], wait: float = 20) -> T:
+    """``measure(url)`` against ``firstbyte serve`` on ``config`` (a routes.yaml's text), once it answers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "routes.yaml"
+        path.write_text(config)
+        exe = Path(sys.executable).with_name("firstbyte")
+        server = subprocess.Popen([str(exe), "serve", "--config", str(path)], stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    return asyncio.run(measure(f"http://127.0.0.1:{port}"))
+                except aiohttp.ClientConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            server.terminate()
+            server.wait(10)
 
 
 def main() -> None:
@@ -80,25 +104,14 @@ def main() -> None:
     parser.add_argument("--posts", type=int, default=3)
     args = parser.parse_args()
     body = BODIES[args.body]()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "routes.yaml"
-        config.write_text(CONFIG.format(port=args.port))
-        exe = Path(sys.executable).with_name("firstbyte")
-        server = subprocess.Popen([str(exe), "serve", "--config", str(config)], stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{args.port}"
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    quiet, busy, statuses = asyncio.run(measure(url, body, args.posts))
-                    break
-                except aiohttp.ClientConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-        finally:
-            server.terminate()
-            server.wait(10)
+
+    async def post(session: aiohttp.ClientSession) -> int:
+        async with session.post(f"http://127.0.0.1:{args.port}/v1/chat/completions", data=body,
+                                headers={"content-type": "application/json"}) as resp:
+            await resp.read()
+            return resp.status
+
+    quiet, busy, statuses = serving(CONFIG.format(port=args.port), args.port, lambda url: hold(url, post, args.posts))
     print(f"body {args.body}: {len(body):,} bytes, statuses {statuses}; worst /healthz quiet {quiet * 1e3:.1f} ms, "
           f"while posting {busy * 1e3:.1f} ms")
 
