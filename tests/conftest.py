@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -306,6 +307,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def streaming(*events: bytes) -> Handler:
+    """An upstream that answers ``events`` as an SSE stream, a write each, then ends it."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for one in events:
+            await response.write(one)
+        await response.write_eof()
+        return response
+
+    return handle
+
+
+async def chat_refused(p: Proxy) -> openai.APIStatusError:
+    """The error the openai SDK raises for one chat call through ``p`` (the test fails if it answers)."""
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        with pytest.raises(openai.APIStatusError) as raised:
+            await client.chat.completions.create(**CHAT)
+    finally:
+        await client.close()
+    return raised.value
 
 
 async def until(ready: Callable[[], bool], secs: float = 5.0) -> None:

@@ -13,12 +13,20 @@ from __future__ import annotations
 import anthropic
 import openai
 import orjson
-import pytest
 from aiohttp import web
 
 from proxy.bounds import MAX_ANSWER_CONTAINERS, MAX_EVENT_CONTAINERS
 
-from .conftest import chat_body, chunk_event, decision_of, ok_handler, openai_provider, route_config
+from .conftest import (
+    chat_body,
+    chat_refused,
+    chunk_event,
+    decision_of,
+    ok_handler,
+    openai_provider,
+    route_config,
+    streaming,
+)
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 ASK = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -42,19 +50,6 @@ def answering(body: bytes):  # type: ignore[no-untyped-def]
     async def handle(request: web.Request) -> web.StreamResponse:
         await request.read()
         return web.Response(body=body, content_type="application/json")
-
-    return handle
-
-
-def streaming(*events: bytes):  # type: ignore[no-untyped-def]
-    async def handle(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await response.prepare(request)
-        for one in events:
-            await response.write(one)
-        await response.write_eof()
-        return response
 
     return handle
 
@@ -99,14 +94,9 @@ async def test_a_buffered_answer_of_too_many_containers_fails_over_on_messages(u
 async def test_a_lone_target_of_too_many_containers_is_a_502_that_says_so(upstreams, proxy):
     bad = await upstreams({"*": answering(wide_answer(MAX_ANSWER_CONTAINERS + 1))})
     p = await proxy(route_config([{"provider": "bad", "model": "m"}], {"bad": openai_provider(bad.url)}))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        with pytest.raises(openai.APIStatusError) as raised:
-            await client.chat.completions.create(**CHAT)
-    finally:
-        await client.close()
-    assert raised.value.status_code == 502
-    said = raised.value.message
+    refused = await chat_refused(p)
+    assert refused.status_code == 502
+    said = refused.message
     assert f"{MAX_ANSWER_CONTAINERS + 1:,} JSON objects and arrays" in said and f"{MAX_ANSWER_CONTAINERS:,}" in said
 
 

@@ -9,29 +9,15 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
-from aiohttp import web
 
 from .anthropic_fakes import anthropic_provider, event, messages_handler, text_events
-from .conftest import chunk_event, decision_of, openai_provider, route_config
+from .conftest import chunk_event, decision_of, openai_provider, route_config, streaming
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 ASK = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 CHOICES = b'data: {"id":"c","object":"chat.completion.chunk","choices":"oops"}\n\n'
 CONTENT = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":5}}]}\n\n'
 ROLE = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
-
-
-def streaming(*events: bytes):
-    async def handle(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await response.prepare(request)
-        for one in events:
-            await response.write(one)
-        await response.write_eof()
-        return response
-
-    return handle
 
 
 GOOD = (ROLE, chunk_event("from-good"), chunk_event("", "stop"), b"data: [DONE]\n\n")
