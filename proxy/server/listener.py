@@ -66,7 +66,7 @@ ON_REFUSED: web.AppKey[Refused] = web.AppKey("on_refused")
 log = logging.getLogger("firstbyte")
 
 OVER_CAPACITY_HEAD_TIMEOUT = 1.0  # a connection past the cap gets this long to ask, then its 503
-LINGER = 0.25  # after a 408 for a slow head, what the client still sends is dropped this long, then close
+LINGER = 0.25  # after a 408 for a slow head or a refused gzip body: what the client sends is dropped this long
 PROGRESS = 64 * 1024  # what a paused client must take per send_timeout to count as reading (not the tail of its window)
 SILENT_SECS = 1.0  # at the cap, a connection that has sent no head for this long makes room
 CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "idle_evicted", "over_capacity", "evicted",
@@ -308,6 +308,14 @@ class GuardedHandler(RequestHandler):
         self.closing = True
         if transport.can_write_eof():
             transport.write_eof()
+        self._loop.call_later(LINGER, self.force_close)
+
+    def drop_unread_body(self) -> None:
+        """A compressed body refused before its end: what the client still sends is dropped unparsed for
+        ``LINGER``, then the connection closes, as after a 408 for a slow head. aiohttp's lingering close
+        read the rest and inflated it: a 0.5 MB gzip body past ``max_body_bytes`` (500 MB inflated) held
+        the event loop 1.2 s after its 413, a 4 MB one up to aiohttp's 10 s ``lingering_time``."""
+        self.closing = True
         self._loop.call_later(LINGER, self.force_close)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,

@@ -66,13 +66,15 @@ async def read_body(request: web.Request, limit: int) -> bytes:
                 await asyncio.sleep(0)
         return b"".join(parts)
     except ClientError as exc:
-        exc.close_connection = True  # the rest of the body is unread: this connection cannot carry another
-        raise
+        refusal = exc
     except web.RequestPayloadError as exc:
         refusal = ClientError(400, f"Request body cannot be read: {_payload_problem(exc)}.", code="invalid_body")
     except BodyTimeout as exc:
         refusal = ClientError(408, str(exc), type="timeout_error", code="body_timeout")
-    refusal.close_connection = True
+    refusal.close_connection = True  # the rest of the body is unread: this connection cannot carry another
+    drop = getattr(request.protocol, "drop_unread_body", None)  # the listener's (listener.py), not a test's
+    if encoding is not None and drop is not None:  # the rest would be inflated only to be thrown away
+        drop()
     raise refusal
 
 

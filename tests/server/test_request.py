@@ -3,10 +3,13 @@ client library would tidy the input away; every refusal in the OpenAI error shap
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import re
+import time
 import zlib
 
+import aiohttp
 import orjson
 import pytest
 
@@ -38,6 +41,40 @@ async def test_a_gzip_body_is_bounded_by_its_decoded_size(gateway):
     err = assert_openai_error(status, body, 413, "request_too_large")
     assert "1048576" in str(err["message"])
     assert str(err["message"]).startswith("Request body is larger than 1048576 bytes;")  # where reading stopped
+    assert up.calls == []
+
+
+def _gzip_bomb(size: int) -> bytes:
+    """About ``size`` bytes of gzip that inflate a thousandfold: one fully flushed megabyte of spaces
+    repeated (each flush starts afresh, so its compressed bytes repeat too), with no end."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    spaces = b" " * 2**20
+    head = compressor.compress(orjson.dumps(CHAT)[:-1] + b', "pad": "' + spaces) + compressor.flush(zlib.Z_FULL_FLUSH)
+    unit = compressor.compress(spaces) + compressor.flush(zlib.Z_FULL_FLUSH)
+    return head + unit * ((size - len(head)) // len(unit))
+
+
+@pytest.mark.timeout(30)
+async def test_the_rest_of_a_refused_gzip_body_is_not_inflated(gateway):
+    """A reviewer's bomb: 0.9 MB of gzip (under the 1 MiB limit) inflating to about 900 MB. Its 413 went out at
+    once, but aiohttp's lingering close then read the rest and inflated it on the event loop (0.5 MB held
+    /healthz 1.2 s on a firstbyte at the default limit). What follows the refusal is dropped unparsed."""
+    up, p = gateway
+    bomb = _gzip_bomb(900_000)
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    writer.write(post_head(len(bomb), extra=b"Content-Encoding: gzip\r\n") + bomb)
+    assert (await asyncio.wait_for(reader.read(12), 5)).startswith(b"HTTP/1.1 413")
+    waits = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(20):
+            start = time.perf_counter()
+            async with session.get(p.url + "/healthz") as resp:
+                assert resp.status == 200
+            waits.append(time.perf_counter() - start)
+            await asyncio.sleep(0.05)
+    await asyncio.wait_for(reader.read(), 5)  # the rest of the 413, then the close after the linger
+    writer.close()
+    assert max(waits) < 0.4, waits
     assert up.calls == []
 
 
