@@ -4,10 +4,12 @@ client library would tidy the input away; every refusal in the OpenAI error shap
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import re
 import time
 import zlib
+from types import FrameType
 
 import aiohttp
 import orjson
@@ -15,6 +17,7 @@ import pytest
 
 from proxy.bounds import MAX_BODY_CONTAINERS, MAX_JSON_DEPTH, WALK_BYTES_PER_BRACKET, deeper_than, json_deeper_than
 from proxy.routing.decision import parse_header
+from proxy.server.listener import LINGER
 
 from ..conftest import assert_openai_error, exchange, ok_handler, openai_provider, post_head, route_config
 
@@ -76,6 +79,30 @@ async def test_the_rest_of_a_refused_gzip_body_is_not_inflated(gateway):
     writer.close()
     assert max(waits) < 0.4, waits
     assert up.calls == []
+
+
+async def test_a_refused_gzip_bomb_leaves_no_cycle_for_the_collector(gateway):
+    """read_body raised its refusal from a local: a frame holding its own exception is a cycle, and it kept the
+    request, its connection and its inflater (0.77 MB a refused gzip bomb of 8 MiB) till the collector ran,
+    which firstbyte's thresholds make rare: 60 bombs grew the process 46 MB (scripts/gzip_bomb_rss.py). (aiohttp's
+    own lingering task, cancelled at the close, leaves a cycle of its frames too, and a body that is no gzip one of
+    the reader's exception and its traceback: neither holds inflated bytes.)"""
+    up, p = gateway
+    payload = _gzip_bomb(20_000)
+    gc.collect()
+    gc.disable()
+    try:
+        got, _, _ = await exchange(p.port, post_head(len(payload), extra=b"Content-Encoding: gzip\r\n"), payload)
+        await asyncio.sleep(LINGER + 0.2)  # the refused connection's linger is over: it is closed
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kept = [o.f_code.co_name for o in gc.garbage if isinstance(o, FrameType) and o.f_code.co_name == "read_body"]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert got == 413
+    assert kept == []
 
 
 async def test_a_small_gzip_body_is_decoded_and_served(gateway):
