@@ -305,14 +305,13 @@ class GuardedHandler(RequestHandler):
             peer = transport.get_extra_info("peername") or ("-",)
             said = web.Response(body=body, status=408, headers={"x-request-id": rid})
             self._guard.on_refused(str(peer[0]), *request_line(self.head_start), said)
-        self.closing = True
         if transport.can_write_eof():
             transport.write_eof()
-        self._loop.call_later(LINGER, self.force_close)
+        self.drop_unread_body()
 
     def drop_unread_body(self) -> None:
-        """A compressed body refused before its end: what the client still sends is dropped unparsed for
-        ``LINGER``, then the connection closes, as after a 408 for a slow head. aiohttp's lingering close
+        """What the client still sends is dropped unparsed for ``LINGER``, then the connection closes: after
+        a 408 for a slow head, and a compressed body refused before its end. aiohttp's lingering close
         read the rest and inflated it: a 0.5 MB gzip body past ``max_body_bytes`` (500 MB inflated) held
         the event loop 1.2 s after its 413, a 4 MB one up to aiohttp's 10 s ``lingering_time``."""
         self.closing = True
