@@ -323,6 +323,16 @@ def streaming(*events: bytes) -> Handler:
     return handle
 
 
+async def chat_answered(p: Proxy) -> tuple[str | None, dict[str, str]]:
+    """The content and headers of one chat call through ``p``, as the openai SDK reads them."""
+    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(**CHAT)
+        return raw.parse().choices[0].message.content, dict(raw.headers)
+    finally:
+        await client.close()
+
+
 async def chat_refused(p: Proxy) -> openai.APIStatusError:
     """The error the openai SDK raises for one chat call through ``p`` (the test fails if it answers)."""
     client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)

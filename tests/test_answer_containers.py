@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy.bounds import MAX_ANSWER_CONTAINERS, MAX_EVENT_CONTAINERS
 
 from .conftest import (
+    chat_answered,
     chat_body,
     chat_refused,
     chunk_event,
@@ -70,13 +71,9 @@ def failed_over(p, headers) -> None:  # type: ignore[no-untyped-def]
 
 async def test_a_buffered_answer_of_too_many_containers_fails_over_on_chat(upstreams, proxy):
     p = await bad_then_good(upstreams, proxy, answering(wide_answer(MAX_ANSWER_CONTAINERS + 1)))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        raw = await client.chat.completions.with_raw_response.create(**CHAT)
-        assert raw.parse().choices[0].message.content == "fine"
-    finally:
-        await client.close()
-    failed_over(p, raw.headers)
+    content, headers = await chat_answered(p)
+    assert content == "fine"
+    failed_over(p, headers)
 
 
 async def test_a_buffered_answer_of_too_many_containers_fails_over_on_messages(upstreams, proxy):

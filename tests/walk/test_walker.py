@@ -9,7 +9,6 @@ import contextlib
 import io
 import sqlite3
 
-import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -22,7 +21,16 @@ from proxy.server.request import parse_call
 from proxy.walk.result import Committed
 
 from ..anthropic_fakes import anthropic_provider, message_body
-from ..conftest import chat_body, chat_refused, chunk_event, decision_of, ok_handler, openai_provider, route_config
+from ..conftest import (
+    chat_answered,
+    chat_body,
+    chat_refused,
+    chunk_event,
+    decision_of,
+    ok_handler,
+    openai_provider,
+    route_config,
+)
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -296,13 +304,9 @@ async def test_a_buffered_answer_nested_past_a_clients_parser_fails_over(upstrea
     good = await upstreams({"/v1/chat/completions": ok_handler("fine")})
     p = await proxy(route_config([{"provider": "bad", "model": "m"}, {"provider": "good", "model": "m"}],
                                  {"bad": openai_provider(bad.url), "good": openai_provider(good.url)}))
-    client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0)
-    try:
-        raw = await client.chat.completions.with_raw_response.create(**CHAT)
-        assert raw.parse().choices[0].message.content == "fine"
-    finally:
-        await client.close()
-    assert decision_of(dict(raw.headers)).attempt_outcomes() == [("bad", "invalid body"), ("good", "200")]
+    content, headers = await chat_answered(p)
+    assert content == "fine"
+    assert decision_of(headers).attempt_outcomes() == [("bad", "invalid body"), ("good", "200")]
     assert p.gateway.state.target(("bad", "m")).breaker.health(p.gateway.clock()).failures == 1
 
 
